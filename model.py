@@ -1,0 +1,202 @@
+"""
+A GPT whose residual connections are pluggable (residuals.py).
+
+nanoGPT's model (karpathy/nanoGPT, model.py) with one change: each Block's two
+sublayers (attention, MLP; each with its own pre-norm inside) are wrapped by a
+residual topology instead of `x + F(x)`. The residual state h is (B, T, n, C):
+n streams of width C. They start as n copies of the token + position embedding
+and are averaged before the final norm (the HC paper sums them; the average keeps
+the step-0 network exactly the plain residual one, because LayerNorm's eps is not
+scale-invariant). With residual="residual", n = 1 and this is nanoGPT's GPT.
+
+    python -c "from model import GPT, GPTConfig; print(GPT(GPTConfig()))"
+"""
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import residuals
+from residuals import TOPOLOGIES
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # bias in Linears and LayerNorms, as GPT-2
+    residual: str = "residual"  # topology name, a key of residuals.TOPOLOGIES
+    n_streams: int = 1  # n, the number of residual streams
+    alpha_init: float = 0.01  # initial a_* (mHC) and s (HC) coefficient scales
+    sinkhorn_iters: int = 20  # mhc
+    gate_c_max: float = 2.0  # norm_gated_ihc: cap of the norm correction c(g)
+    gate_anchor: bool = False  # gated topologies: keep stream 0's gate at 1
+    kernels: str = "torch"  # stream ops: "torch" (residuals.py) or "triton" (kernels.py)
+
+
+def check_config(config):
+    """Raise ValueError with a one-line message for a config the model cannot build."""
+    if config.residual not in TOPOLOGIES:
+        raise ValueError(f"unknown residual '{config.residual}'; choose one of: {', '.join(TOPOLOGIES)}")
+    lo, hi = TOPOLOGIES[config.residual].streams
+    if not lo <= config.n_streams <= hi:
+        allowed = f"exactly {lo}" if lo == hi else f"from {lo} to {hi}"
+        raise ValueError(f"residual '{config.residual}' needs n_streams {allowed}, got {config.n_streams}")
+    if config.n_embd % config.n_head:
+        raise ValueError(f"n_embd ({config.n_embd}) must be a multiple of n_head ({config.n_head})")
+    if config.kernels not in ("torch", "triton"):
+        raise ValueError(f"unknown kernels '{config.kernels}'; choose torch or triton")
+
+
+def stream_ops(name):
+    """The one switch between the PyTorch stream ops and the Triton kernels."""
+    if name == "triton":
+        import kernels  # imported only when asked for: it needs triton
+        return kernels
+    return residuals
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head, self.dropout = config.n_head, config.dropout
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config, layer, ops):
+        super().__init__()
+        Topology = TOPOLOGIES[config.residual]
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+        self.attn_streams = Topology(config, 2 * layer, ops)  # sublayer index k = 2 * layer
+        self.mlp_streams = Topology(config, 2 * layer + 1, ops)
+
+    def attn_sublayer(self, x):
+        return self.attn(self.ln_1(x))
+
+    def mlp_sublayer(self, x):
+        return self.mlp(self.ln_2(x))
+
+    def forward(self, h):  # h (B,T,n,C)
+        h = self.attn_streams(h, self.attn_sublayer)
+        return self.mlp_streams(h, self.mlp_sublayer)
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        check_config(config)
+        self.config = config
+        ops = stream_ops(config.kernels)
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, layer, ops) for layer in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying (https://paperswithcode.com/method/weight-tying)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # scaled init of the residual projections, as GPT-2
+            if name.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        """Linear and Embedding weights ~ N(0, 0.02), Linear biases 0, LayerNorm 1 / 0 (nanoGPT).
+        The topologies' own parameters are initialized in residuals.py."""
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding=True):
+        n_params = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n_params -= self.transformer.wpe.weight.numel()
+        return n_params
+
+    def streams(self, idx):
+        """The residual state after the last Block: (B,T,n,C)."""
+        B, T = idx.size()
+        assert T <= self.config.block_size, f"sequence of {T} tokens is longer than block_size {self.config.block_size}"
+        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B,T,C)
+        h = x.unsqueeze(2).expand(B, T, self.config.n_streams, x.size(-1))  # (B,T,n,C), n equal copies
+        for block in self.transformer.h:
+            h = block(h)
+        return h
+
+    def forward(self, idx, targets=None):
+        x = self.transformer.ln_f(self.streams(idx).mean(2))  # (B,T,C)
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        else:
+            logits = self.lm_head(x[:, [-1], :])  # inference: only the last position
+            loss = None
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW; decayed: the projection matrices (Linear weights, embeddings, the
+        topologies' W). Not decayed: biases, norms, and the topologies' static
+        parameters (biases b_*, scales a_* / s, HC's static pre / post / A_r)."""
+        params = {name: p for name, p in self.named_parameters() if p.requires_grad}
+        decay = [p for name, p in params.items() if p.dim() >= 2 and "_static" not in name]
+        no_decay = [p for name, p in params.items() if not (p.dim() >= 2 and "_static" not in name)]
+        ids = [id(p) for p in decay + no_decay]
+        assert len(ids) == len(set(ids)) == len(params), "every parameter must be in exactly one optimizer group"
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        """Extend idx (B,T) by max_new_tokens sampled tokens, feeding predictions back in."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("Inf")
+            probs = F.softmax(logits, dim=-1)
+            idx = torch.cat((idx, torch.multinomial(probs, num_samples=1, generator=generator)), dim=1)
+        return idx

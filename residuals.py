@@ -1,0 +1,375 @@
+"""
+Residual-stream topologies: how each Transformer sublayer F reads from, and
+writes back to, the residual state.
+
+A plain residual keeps one stream, x <- x + F(x). Hyper-Connections widen the
+state to n streams and wrap every sublayer in four steps (seed 002):
+
+    read     x_in = sum_i pre_i h_i                  the sublayer sees width C
+    compute  y    = F(x_in)                          attention or MLP, unchanged
+    mix      MIX(h)                                  streams talk to each other
+    write    h'   = MIX(h) + post (outer) y
+
+The eight topologies differ only in where pre, post and MIX come from. All share
+one interface, `Topology(config, sublayer_index)` with
+`forward(h, sublayer) -> h'`, and one lookup table, TOPOLOGIES, at the end.
+
+    residual        x + F(x), n = 1                              (He et al. 2015)
+    hc              tanh-dynamic unconstrained A_r               arXiv 2409.19606
+    mhc             MIX = Sinkhorn(logits), doubly stochastic    arXiv 2512.24880
+    mhc_lite        MIX = convex mix of the n! permutations      arXiv 2601.05732
+    ihc             MIX = I (identity HC)                        seed 000
+    gated_ihc       MIX = diag(g), g in [0, 1]^n                 seed 000 s.6
+    norm_gated_ihc  MIX = c(g) diag(g), c keeps the RMS gain 1   seed 000 s.9
+    mean_gated_ihc  MIX = J + g (I - J), scalar g                seed 000 s.8
+
+Dimension legend (used in every shape comment):
+    B batch, T time (tokens), n streams, C channels per stream (n_embd),
+    K number of coefficient logits per token
+"""
+import itertools
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# -----------------------------------------------------------------------------
+# The three stream ops, in PyTorch. kernels.py has Triton versions with the same
+# signatures; the model reaches them through one switch (GPTConfig.kernels).
+
+
+def stream_read(h, pre):
+    """x[..., c] = sum_i pre[..., i] * h[..., i, c]. h (B,T,n,C), pre (B,T,n) -> (B,T,C)"""
+    return (pre.unsqueeze(-2).to(h.dtype) @ h).squeeze(-2)  # (B,T,1,n) @ (B,T,n,C)
+
+
+def stream_write(h, mix, post, y):
+    """MIX(h) + post (outer) y, shape (B,T,n,C).
+
+    mix is a full (B,T,n,n) matrix (hc, mhc, mhc_lite, mean_gated_ihc), a (B,T,n)
+    diagonal gate (gated_ihc, norm_gated_ihc), or None for the identity (ihc).
+    """
+    write = post.unsqueeze(-1).to(y.dtype) * y.unsqueeze(-2)  # (B,T,n,1) * (B,T,1,C)
+    if mix is None:
+        return h + write
+    if mix.dim() == h.dim() - 1:  # diagonal gate
+        return torch.addcmul(write, mix.unsqueeze(-1).to(h.dtype), h)
+    return torch.baddbmm(write.flatten(0, 1), mix.to(h.dtype).flatten(0, 1), h.flatten(0, 1)).view(h.shape)
+
+
+# -----------------------------------------------------------------------------
+# Sinkhorn-Knopp. The definition (DESIGN.md, the seeds' code): M = exp(L), then
+# `iters` times divide each row by its sum, then each column by its sum.
+# float32 exp overflows or underflows once one matrix's logits span ~80, giving
+# 0/0 = NaN, so neither version below takes exp of raw logits.
+
+
+def sinkhorn_reference(logits, iters=20):
+    """The spec, in the log domain: subtracting a row's (column's) logsumexp is
+    dividing it by its sum. Finite for any finite logits. (..., n, n) -> float32"""
+    L = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    for _ in range(iters):
+        L = L - L.logsumexp(-1, keepdim=True)  # rows
+        L = L - L.logsumexp(-2, keepdim=True)  # columns
+    return L.exp()
+
+
+class _Sinkhorn(torch.autograd.Function):
+    """The same iterations, fast: one log-domain iteration, then plain divisions.
+
+    After the first row-then-column step in the log domain, every row sum lies in
+    [1/n^2, n] and every column sum in [1/n, n] for the rest of the iterations
+    (each row and column then holds an entry >= 1/n^2), so the remaining steps can
+    divide by sums without ever forming 0/0, whatever the logits were.
+
+    The backward is the exact gradient of the unrolled iterations, done in one
+    node instead of ~200 tiny autograd nodes. For y = x / s with s = sum(x) along
+    a dim: dx = (dy - sum(dy * y)) / s. Only the sums s are saved (n per matrix
+    per step); each step's input is rebuilt as x = y * s on the way back.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, iters):
+        L = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        log_rows = L.log_softmax(-1)  # iteration 1, rows
+        M = (log_rows - log_rows.logsumexp(-2, keepdim=True)).exp()  # iteration 1, columns
+        row_sums, col_sums = [], []
+        for _ in range(iters - 1):
+            row_sums.append(M.sum(-1, keepdim=True))
+            M = M / row_sums[-1]
+            col_sums.append(M.sum(-2, keepdim=True))
+            M = M / col_sums[-1]
+        ctx.save_for_backward(log_rows, M, *row_sums, *col_sums)
+        return M
+
+    @staticmethod
+    def backward(ctx, grad):
+        log_rows, M, *sums = ctx.saved_tensors
+        row_sums, col_sums = sums[: len(sums) // 2], sums[len(sums) // 2:]
+        G = grad.to(M.dtype)
+        for r, c in zip(reversed(row_sums), reversed(col_sums)):
+            G = (G - (G * M).sum(-2, keepdim=True)) / c  # through M = M / c
+            M = M * c
+            G = (G - (G * M).sum(-1, keepdim=True)) / r  # through M = M / r
+            M = M * r
+        G = G * M  # through exp: M is now the output of iteration 1
+        G = G - M * G.sum(-2, keepdim=True)  # through the column log-normalization
+        G = G - log_rows.exp() * G.sum(-1, keepdim=True)  # through log_softmax of rows
+        return G, None
+
+
+def sinkhorn(logits, iters=20):
+    """Doubly stochastic matrices from logits. (..., n, n) -> (..., n, n) float32"""
+    assert iters >= 1, "sinkhorn needs at least one iteration"
+    return _Sinkhorn.apply(logits, iters)
+
+
+# -----------------------------------------------------------------------------
+# Gates that can be exactly 0 (a reset) and exactly 1 (keep), as seed 000 s.13
+# asks. We clip to [0, 1] in the forward pass and let the gradient through
+# unchanged (straight-through): a hard clip alone has zero gradient at the init
+# g = 1, so the gate could never learn to move; a sigmoid never reaches 0.
+
+
+def gate_clip(u):
+    return u + (u.clamp(0.0, 1.0) - u).detach()
+
+
+# -----------------------------------------------------------------------------
+# The topologies
+
+
+class Residual(nn.Module):
+    """x + F(x) with one stream: exactly nanoGPT's Block."""
+    streams = (1, 1)  # allowed n_streams, inclusive
+    default_streams = 1
+
+    def __init__(self, config, sublayer_index, ops):
+        super().__init__()
+
+    def forward(self, h, sublayer):  # h (B,T,1,C)
+        return h + sublayer(h.squeeze(-2)).unsqueeze(-2)
+
+    def mix_matrix(self, h):
+        return None  # identity
+
+
+def read_weights_init(n, sublayer_index):
+    """pre at step 0: 0.73 on stream (k mod n), the rest shared evenly, sum 1.
+
+    Streams start as equal copies, so equal per-stream coefficients would keep
+    them equal forever (a plain residual in disguise). Reading mainly one stream
+    (as HC's Eq. 14 does with e_{k mod n}) breaks the symmetry through the
+    gradients while the step-0 function stays x + F(x) because sum(pre) = 1.
+    """
+    pre = torch.full((n,), 0.27 / (n - 1))
+    pre[sublayer_index % n] = 0.73
+    return pre
+
+
+class DynamicStreams(nn.Module):
+    """Shared dynamic coefficients of mHC (arXiv 2512.24880, Eqs. 7-9):
+
+        x'   = RMSNorm(flatten(h))                       (n*C,) per token
+        pre  = sigmoid(a_pre  * x' @ W_pre  + b_pre)       (n,)   read weights
+        post = 2 sigmoid(a_post * x' @ W_post + b_post)    (n,)   write weights
+        res  =         a_res  * x' @ W_res  + b_res        (K,)   MIX logits
+
+    W = [W_pre | W_post | W_res] is one (n*C, 2n+K) matrix so one matmul makes
+    every coefficient, and the RMSNorm is folded in after it (x' @ W equals
+    (h @ W) / rms(h)), saving a pass over the n*C-wide state. W starts at zero
+    and a_* at alpha_init (0.01), so at step 0 each coefficient is its bias.
+    Subclasses set K (`n_mix_logits`), the MIX biases, and turn `res` into MIX.
+    """
+    streams = (2, 8)
+    default_streams = 4
+
+    def __init__(self, config, sublayer_index, ops):
+        super().__init__()
+        n, C = config.n_streams, config.n_embd
+        self.n, self.ops, self.config = n, ops, config
+        K = self.n_mix_logits(n)
+        self.proj = nn.Parameter(torch.zeros(n * C, 2 * n + K))  # W, weight-decayed
+        self.alpha = nn.Parameter(torch.full((3,), config.alpha_init))  # a_pre, a_post, a_res
+        self.register_buffer("alpha_index", torch.tensor([0] * n + [1] * n + [2] * K), persistent=False)
+        pre = read_weights_init(n, sublayer_index)
+        b_pre = torch.log(pre / (1 - pre))  # sigmoid(b_pre) = pre
+        b_post = torch.zeros(n)  # 2 sigmoid(0) = 1
+        self.bias = nn.Parameter(torch.cat([b_pre, b_post, self.mix_bias_init(n)]))
+
+    def coefficients(self, h):
+        """h (B,T,n,C) -> pre (B,T,n), post (B,T,n), res (B,T,K), all float32"""
+        B, T, n, C = h.shape
+        with torch.autocast(h.device.type, enabled=False):  # coefficient maths in float32
+            flat = h.float().reshape(B, T, n * C)
+            inv_rms = torch.rsqrt(flat.square().mean(-1, keepdim=True) + 1e-6)  # (B,T,1)
+            z = torch.addcmul(self.bias, (flat @ self.proj) * inv_rms, self.alpha[self.alpha_index])  # (B,T,2n+K)
+        return z[..., :n].sigmoid(), 2 * z[..., n:2 * n].sigmoid(), z[..., 2 * n:]
+
+    def forward(self, h, sublayer):
+        pre, post, res = self.coefficients(h)
+        x = self.ops.stream_read(h, pre)  # (B,T,C)
+        return self.ops.stream_write(h, self.mix(res), post, sublayer(x))
+
+    def mix_matrix(self, h):
+        """The (B,T,n,n) matrix MIX applies to h (for diagnostics)."""
+        mix = self.mix(self.coefficients(h)[2])
+        return torch.diag_embed(mix) if mix is not None and mix.dim() == 3 else mix
+
+
+class IdentityHC(DynamicStreams):
+    """ihc: H_res = I. Dynamic read and write kept; no mixing on the residual path."""
+
+    def n_mix_logits(self, n):
+        return 0
+
+    def mix_bias_init(self, n):
+        return torch.zeros(0)
+
+    def mix(self, res):
+        return None
+
+
+class ManifoldHC(DynamicStreams):
+    """mhc: H_res = Sinkhorn(a_res x' W_res + b_res), doubly stochastic."""
+
+    def n_mix_logits(self, n):
+        return n * n
+
+    def mix_bias_init(self, n):
+        # Near the identity (H_ii ~ 0.95 at n = 4), as HC starts from A_r = I: a
+        # stream keeps its own contents until training decides to mix. Any doubly
+        # stochastic H keeps the equal step-0 streams equal.
+        return (torch.eye(n) * 4.0 - 4.0).flatten()
+
+    def mix(self, res):
+        B, T, _ = res.shape
+        return self.ops.sinkhorn(res.view(B, T, self.n, self.n), self.config.sinkhorn_iters)
+
+
+class ManifoldHCLite(DynamicStreams):
+    """mhc_lite: H_res = sum_k w_k P_k over all n! permutation matrices, w = softmax(res).
+    Exactly doubly stochastic with no iterations (arXiv 2601.05732). n! logits: n <= 5."""
+    streams = (2, 5)
+
+    def __init__(self, config, sublayer_index, ops):
+        super().__init__(config, sublayer_index, ops)
+        n = config.n_streams
+        perms = torch.stack([torch.eye(n)[list(p)] for p in itertools.permutations(range(n))])
+        self.register_buffer("permutations", perms.flatten(1), persistent=False)  # (n!, n*n)
+
+    def n_mix_logits(self, n):
+        return math.factorial(n)
+
+    def mix_bias_init(self, n):
+        bias = torch.full((math.factorial(n),), -4.0)
+        bias[0] = 0.0  # itertools.permutations yields the identity first
+        return bias
+
+    def mix(self, res):
+        B, T, _ = res.shape
+        return (res.softmax(-1) @ self.permutations).view(B, T, self.n, self.n)
+
+
+class GatedIHC(DynamicStreams):
+    """gated_ihc: MIX = diag(g), g = clip(res) in [0, 1]^n: a forget gate per stream
+    (seed 000 s.6). g = 1 at step 0. gate_anchor keeps stream 0 always on."""
+
+    def n_mix_logits(self, n):
+        return n
+
+    def mix_bias_init(self, n):
+        return torch.ones(n)
+
+    def gate(self, res):
+        g = gate_clip(res)  # (B,T,n)
+        if self.config.gate_anchor:
+            g = torch.cat([torch.ones_like(g[..., :1]), g[..., 1:]], -1)
+        return g
+
+    def mix(self, res):
+        return self.gate(res)
+
+
+class NormGatedIHC(GatedIHC):
+    """norm_gated_ihc: MIX = c(g) diag(g), c(g) = min(c_max, sqrt(n) / (|g| + eps)).
+    c keeps the gate's RMS gain at 1 when streams reset, so the surviving ones do
+    not fade layer after layer (seed 000 s.9). g = 1 gives c = 1 at step 0."""
+
+    def mix(self, res):
+        g = self.gate(res)
+        c = (math.sqrt(self.n) / (g.norm(dim=-1, keepdim=True) + 1e-6)).clamp(max=self.config.gate_c_max)
+        return c * g
+
+
+class MeanGatedIHC(GatedIHC):
+    """mean_gated_ihc: MIX = J + g (I - J), J = ones/n, one scalar g per token.
+    Keeps the stream mean, scales every zero-sum direction by g (seed 000 s.8)."""
+
+    def n_mix_logits(self, n):
+        return 1
+
+    def mix_bias_init(self, n):
+        return torch.ones(1)
+
+    def mix(self, res):
+        g = gate_clip(res).unsqueeze(-1)  # (B,T,1,1)
+        n = self.n
+        J = torch.full((n, n), 1.0 / n, device=res.device)
+        eye = torch.eye(n, device=res.device)
+        return J + g * (eye - J)  # (B,T,n,n)
+
+
+class HyperConnection(nn.Module):
+    """hc: dynamic Hyper-Connections (arXiv 2409.19606, Eqs. 10-14), unconstrained.
+
+    Per stream i, from its own normalized state hn_i (C,):
+        pre_i   = pre_static_i  + s_pre  tanh(hn_i @ W_pre)
+        post_i  = post_static_i + s_post tanh(hn_i @ W_post)
+        A_r[i,:] = A_static[i,:] + s_res  tanh(hn_i @ W_res)          (n,)
+    Init (Eq. 14): W = 0, s = alpha_init, post = 1, pre = e_{k mod n}, A_r = I.
+    Nothing bounds A_r: the composite gain of many layers can grow (see tests).
+    """
+    streams = (2, 8)
+    default_streams = 4
+
+    def __init__(self, config, sublayer_index, ops):
+        super().__init__()
+        n, C = config.n_streams, config.n_embd
+        self.n, self.ops = n, ops
+        self.proj = nn.Parameter(torch.zeros(C, 2 + n))  # [W_pre | W_post | W_res]
+        self.alpha = nn.Parameter(torch.full((3,), config.alpha_init))  # s_pre, s_post, s_res
+        self.register_buffer("alpha_index", torch.tensor([0, 1] + [2] * n), persistent=False)
+        self.pre_static = nn.Parameter(torch.eye(n)[sublayer_index % n])
+        self.post_static = nn.Parameter(torch.ones(n))
+        self.mix_static = nn.Parameter(torch.eye(n))
+
+    def coefficients(self, h):
+        with torch.autocast(h.device.type, enabled=False):
+            hn = F.rms_norm(h.float(), (h.shape[-1],), eps=1e-6)  # (B,T,n,C)
+            z = torch.tanh(hn @ self.proj) * self.alpha[self.alpha_index]  # (B,T,n,2+n)
+        pre = self.pre_static + z[..., 0]  # (B,T,n)
+        post = self.post_static + z[..., 1]  # (B,T,n)
+        mix = self.mix_static + z[..., 2:]  # (B,T,n,n)
+        return pre, post, mix
+
+    def forward(self, h, sublayer):
+        pre, post, mix = self.coefficients(h)
+        x = self.ops.stream_read(h, pre)
+        return self.ops.stream_write(h, mix, post, sublayer(x))
+
+    def mix_matrix(self, h):
+        return self.coefficients(h)[2]
+
+
+TOPOLOGIES = {
+    "residual": Residual,
+    "hc": HyperConnection,
+    "mhc": ManifoldHC,
+    "mhc_lite": ManifoldHCLite,
+    "ihc": IdentityHC,
+    "gated_ihc": GatedIHC,
+    "norm_gated_ihc": NormGatedIHC,
+    "mean_gated_ihc": MeanGatedIHC,
+}

@@ -83,6 +83,10 @@ class _Sinkhorn(torch.autograd.Function):
     (each row and column then holds an entry >= 1/n^2), so the remaining steps can
     divide by sums without ever forming 0/0, whatever the logits were.
 
+    The matrices are laid out (n, n, tokens): a sum over a row or a column is then
+    n vector adds over the tokens, several times faster on a CPU than n-long
+    reductions over the last dim of (tokens, n, n).
+
     The backward is the exact gradient of the unrolled iterations, done in one
     node instead of ~200 tiny autograd nodes. For y = x / s with s = sum(x) along
     a dim: dx = (dy - sum(dy * y)) / s. Only the sums s are saved (n per matrix
@@ -91,32 +95,31 @@ class _Sinkhorn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, iters):
-        L = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        log_rows = L.log_softmax(-1)  # iteration 1, rows
-        M = (log_rows - log_rows.logsumexp(-2, keepdim=True)).exp()  # iteration 1, columns
-        row_sums, col_sums = [], []
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        L = logits.movedim((-2, -1), (0, 1)).to(dtype).contiguous()  # (n, n, ...): rows, columns, tokens
+        log_rows = L.log_softmax(1)  # iteration 1, rows
+        M = (log_rows - log_rows.logsumexp(0, keepdim=True)).exp()  # iteration 1, columns
+        sums = []
         for _ in range(iters - 1):
-            row_sums.append(M.sum(-1, keepdim=True))
-            M = M / row_sums[-1]
-            col_sums.append(M.sum(-2, keepdim=True))
-            M = M / col_sums[-1]
-        ctx.save_for_backward(log_rows, M, *row_sums, *col_sums)
-        return M
+            sums.append(M.sum(1, keepdim=True))  # row sums (n, 1, ...)
+            M = M / sums[-1]
+            sums.append(M.sum(0, keepdim=True))  # column sums (1, n, ...)
+            M = M / sums[-1]
+        ctx.save_for_backward(log_rows, M, *sums)
+        return M.movedim((0, 1), (-2, -1))
 
     @staticmethod
     def backward(ctx, grad):
         log_rows, M, *sums = ctx.saved_tensors
-        row_sums, col_sums = sums[: len(sums) // 2], sums[len(sums) // 2:]
-        G = grad.to(M.dtype)
-        for r, c in zip(reversed(row_sums), reversed(col_sums)):
-            G = (G - (G * M).sum(-2, keepdim=True)) / c  # through M = M / c
-            M = M * c
-            G = (G - (G * M).sum(-1, keepdim=True)) / r  # through M = M / r
-            M = M * r
+        G = grad.movedim((-2, -1), (0, 1)).to(M.dtype)
+        for step in reversed(range(len(sums))):
+            dim = 1 if step % 2 == 0 else 0  # even steps normalized rows, odd ones columns
+            G = (G - (G * M).sum(dim, keepdim=True)) / sums[step]
+            M = M * sums[step]
         G = G * M  # through exp: M is now the output of iteration 1
-        G = G - M * G.sum(-2, keepdim=True)  # through the column log-normalization
-        G = G - log_rows.exp() * G.sum(-1, keepdim=True)  # through log_softmax of rows
-        return G, None
+        G = G - M * G.sum(0, keepdim=True)  # through the column log-normalization
+        G = G - log_rows.exp() * G.sum(1, keepdim=True)  # through log_softmax of rows
+        return G.movedim((0, 1), (-2, -1)), None
 
 
 def sinkhorn(logits, iters=20):

@@ -1,0 +1,73 @@
+"""
+nanoGPT's "poor man's configurator", as a function.
+
+A script keeps its config as module-level globals, then calls
+
+    overridden = configure(globals())
+
+which applies, in order, every argument of the command line:
+
+    python train.py config/train_shakespeare_char.py --batch_size=32 --compile=False
+
+- a file name (no leading --): a Python file of plain assignments, run as code;
+- --key=value: the value is parsed as a Python literal (falling back to a plain
+  string) and must have the type of the default (an int is accepted for a float).
+
+A mistake (unknown key, wrong type, missing file) prints one line naming the
+problem and what is allowed, and exits with status 2: never a traceback.
+Returns the set of keys that were set, so a script can tell a user's choice
+from a default.
+"""
+import sys
+from ast import literal_eval
+
+
+def fail(message):
+    """One-line error to stderr, exit status 2 (the usual code for a usage error)."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def config_keys(config):
+    return [k for k, v in config.items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))]
+
+
+def parse_value(key, text, default):
+    try:
+        value = literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text  # a bare word, e.g. --device=cpu
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not type(default):
+        fail(f"--{key}={text}: expected a value of type {type(default).__name__} (default {default!r})")
+    return value
+
+
+def configure(config, argv=None):
+    keys = config_keys(config)
+    overridden = set()
+    for arg in sys.argv[1:] if argv is None else argv:
+        if not arg.startswith("--"):
+            try:
+                source = open(arg).read()
+            except OSError as e:
+                fail(f"cannot read config file '{arg}': {e.strerror}")
+            settings = {}
+            exec(compile(source, arg, "exec"), {}, settings)
+            for key, value in settings.items():
+                if key.startswith("_") or not isinstance(value, (int, float, bool, str)):
+                    continue  # an import or a helper of the config file, not a setting
+                if key not in keys:
+                    fail(f"config file '{arg}' sets unknown key '{key}'; valid keys: {', '.join(keys)}")
+                config[key] = parse_value(key, repr(value), config[key])
+                overridden.add(key)
+            continue
+        key, eq, text = arg[2:].partition("=")
+        if not eq:
+            fail(f"argument '{arg}' is not of the form --key=value")
+        if key not in keys:
+            fail(f"unknown key '{key}'; valid keys: {', '.join(keys)}")
+        config[key] = parse_value(key, text, config[key])
+        overridden.add(key)
+    return overridden

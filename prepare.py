@@ -1,0 +1,91 @@
+"""
+Turn text into the token files train.py reads: data/<dataset>/{train,val}.bin
+(uint16, first 90% / last 10%, as nanoGPT) and meta.pkl (the tokenizer).
+
+    python prepare.py                              # shakespeare_char: 65 characters
+    python prepare.py --dataset=shakespeare        # Tiny Shakespeare, GPT-2 BPE
+    python prepare.py --input=my.txt --tokenizer=gpt2 --dataset=mine
+
+Everything is offline: the text and the GPT-2 BPE files are bundled in data/.
+train.py runs this on first use when the .bin files are missing.
+"""
+import os
+import pickle
+
+import numpy as np
+
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+SHAKESPEARE = os.path.join(DATA_DIR, "shakespeare", "input.txt")
+# the bundled datasets: name -> (text file, tokenizer)
+DATASETS = {"shakespeare_char": (SHAKESPEARE, "char"), "shakespeare": (SHAKESPEARE, "gpt2")}
+TOKENIZERS = ("char", "gpt2")
+
+
+def gpt2_tokenizer():
+    """tiktoken's GPT-2 encoding built from the bundled data/gpt2 files, no download."""
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    from tiktoken_ext.openai_public import r50k_pat_str
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        vocab_bpe_file=os.path.join(DATA_DIR, "gpt2", "vocab.bpe"),
+        encoder_json_file=os.path.join(DATA_DIR, "gpt2", "encoder.json"))
+    return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
+
+
+def tokenizer_for(text, name):
+    """-> (encode function, meta dict for meta.pkl)"""
+    if name == "char":
+        chars = sorted(set(text))
+        stoi = {ch: i for i, ch in enumerate(chars)}
+        meta = {"tokenizer": "char", "vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}
+        return (lambda s: [stoi[c] for c in s]), meta
+    return gpt2_tokenizer().encode_ordinary, {"tokenizer": "gpt2", "vocab_size": 50257}
+
+
+def prepare(dataset, input_file, tokenizer):
+    """Write data/<dataset>/train.bin, val.bin, meta.pkl; return (n_train, n_val) tokens."""
+    with open(input_file, encoding="utf-8") as f:
+        text = f.read()
+    encode, meta = tokenizer_for(text, tokenizer)
+    split = int(0.9 * len(text))  # nanoGPT splits the text, then encodes each part
+    out = os.path.join(DATA_DIR, dataset)
+    os.makedirs(out, exist_ok=True)
+    counts = []
+    for name, part in (("train.bin", text[:split]), ("val.bin", text[split:])):
+        ids = np.array(encode(part), dtype=np.uint16)  # every vocabulary here is < 2**16
+        ids.tofile(os.path.join(out, name + ".tmp"))  # temporary name, then rename: never a half-written file
+        os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
+        counts.append(len(ids))
+    with open(os.path.join(out, "meta.pkl.tmp"), "wb") as f:
+        pickle.dump(meta, f)
+    os.replace(os.path.join(out, "meta.pkl.tmp"), os.path.join(out, "meta.pkl"))
+    print(f"{dataset}: {len(text):,} characters -> {counts[0]:,} train and {counts[1]:,} val tokens "
+          f"({tokenizer}, vocab {meta['vocab_size']:,}) in {out}")
+    return tuple(counts)
+
+
+def prepare_dataset(dataset):
+    """Prepare one of the bundled datasets (train.py calls this on first use)."""
+    input_file, tokenizer = DATASETS[dataset]
+    return prepare(dataset, input_file, tokenizer)
+
+
+if __name__ == "__main__":
+    from configurator import configure, fail
+    dataset = "shakespeare_char"  # a bundled dataset, or the name of the folder to write for --input
+    input = ""  # any UTF-8 text file to tokenize instead of a bundled dataset
+    tokenizer = "char"  # for --input: char or gpt2
+    configure(globals())
+    if input:
+        if not os.path.isfile(input):
+            fail(f"input file '{input}' not found")
+        if tokenizer not in TOKENIZERS:
+            fail(f"unknown tokenizer '{tokenizer}'; choose one of: {', '.join(TOKENIZERS)}")
+        if dataset in DATASETS:
+            dataset = os.path.splitext(os.path.basename(input))[0]
+        prepare(dataset, input, tokenizer)
+    elif dataset in DATASETS:
+        prepare_dataset(dataset)
+    else:
+        fail(f"unknown dataset '{dataset}'; choose one of: {', '.join(DATASETS)} (or give --input=FILE)")

@@ -1,0 +1,348 @@
+"""
+Train a GPT with any residual topology. nanoGPT's training loop.
+
+    python train.py --residual=norm_gated_ihc          # on a CPU: 4 x 128, ~2000 iters, a few minutes
+    python train.py config/train_shakespeare_char.py   # a preset file, then --key=value overrides
+    torchrun --standalone --nproc_per_node=2 train.py  # DDP (NCCL on GPUs, gloo on CPUs)
+
+Every global below is a setting (--key=value). Sizes not set by the user follow
+the device: nanoGPT's CPU recipe on a CPU, nanoGPT's shakespeare_char model
+(6 x 384, block 256) on a GPU. Writes out_dir/ckpt.pt (plain tensors and values:
+torch.load(weights_only=True) reads it) and one JSON line per evaluation in
+out_dir/metrics.jsonl. Ctrl-C or SIGTERM saves a checkpoint and exits; resume
+with --init_from=resume.
+"""
+import json
+import math
+import os
+import pickle
+import signal
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from configurator import config_keys, configure, fail
+from model import GPT, GPTConfig, check_config
+from prepare import DATA_DIR, DATASETS, prepare_dataset
+from residuals import TOPOLOGIES
+
+# -----------------------------------------------------------------------------
+# I/O
+out_dir = ""  # "" means out-<residual>
+eval_interval = 250
+eval_iters = 50  # batches per split in estimate_loss (the same batches at every evaluation)
+log_interval = 10  # iterations between progress-bar updates
+always_save_checkpoint = True  # False: save only when val loss improves
+init_from = "scratch"  # scratch or resume (from out_dir/ckpt.pt)
+# data
+dataset = "shakespeare_char"
+gradient_accumulation_steps = 1
+batch_size = 12  # sequences per micro-step on each process
+block_size = 64
+# model
+n_layer = 4
+n_head = 4
+n_embd = 128
+dropout = 0.0
+bias = False
+residual = "residual"  # the topology: one of residuals.TOPOLOGIES
+n_streams = 0  # 0: the topology's default (1 for residual, 4 for the others)
+alpha_init = 0.01  # initial coefficient scales a_* (mHC) and s (HC)
+sinkhorn_iters = 20
+gate_c_max = 2.0
+gate_anchor = False
+kernels = "auto"  # auto (triton on CUDA, torch elsewhere), triton or torch
+# AdamW and the learning-rate schedule (warmup, then cosine to min_lr)
+learning_rate = 1e-3
+max_iters = 2000
+weight_decay = 1e-1
+beta1 = 0.9
+beta2 = 0.99  # a bit larger than GPT-2's 0.95: few tokens per iteration
+grad_clip = 1.0  # 0 disables clipping
+decay_lr = True
+warmup_iters = 100
+lr_decay_iters = 0  # 0: max_iters
+min_lr = 1e-4
+# system
+device = "auto"  # auto, cpu, cuda, cuda:N or mps
+dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
+compile = False  # torch.compile the model
+seed = 1337
+progress = True  # tqdm progress bar
+# nanoGPT's shakespeare_char model: the defaults on a GPU, for every key not set by the user
+GPU_DEFAULTS = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2,
+                    max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100)
+# -----------------------------------------------------------------------------
+setting_names = config_keys(globals())
+user_set = configure(globals())
+
+# --- check every setting before any work, so a mistake costs nothing --------
+if residual not in TOPOLOGIES:
+    fail(f"unknown residual '{residual}'; choose one of: {', '.join(TOPOLOGIES)}")
+choices = dict(init_from=("scratch", "resume"), kernels=("auto", "triton", "torch"),
+               dtype=("auto", "float32", "bfloat16", "float16"))
+for key, allowed in choices.items():
+    if globals()[key] not in allowed:
+        fail(f"unknown {key} '{globals()[key]}'; choose one of: {', '.join(allowed)}")
+ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun?
+rank, local_rank, world_size = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+master = rank == 0
+if device == "auto":
+    device = f"cuda:{local_rank}" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+elif device.startswith("cuda") and not torch.cuda.is_available():
+    fail(f"device '{device}' asked for, but torch sees no CUDA GPU; use --device=cpu or auto")
+elif device == "mps" and not torch.backends.mps.is_available():
+    fail("device 'mps' asked for, but this torch has no MPS backend; use --device=cpu or auto")
+elif device != "cpu" and not device.startswith(("cuda", "mps")):
+    fail(f"unknown device '{device}'; choose auto, cpu, cuda, cuda:N or mps")
+device_type = device.split(":")[0]
+if device_type == "cuda":
+    for key, value in GPU_DEFAULTS.items():
+        if key not in user_set:
+            globals()[key] = value
+size_note = ("GPU defaults (nanoGPT's shakespeare_char model, 6 x 384, block 256)" if device_type == "cuda"
+             else "CPU defaults (nanoGPT's CPU recipe, 4 x 128, block 64)")
+n_streams = n_streams or TOPOLOGIES[residual].default_streams
+kernels = kernels if kernels != "auto" else ("triton" if device_type == "cuda" else "torch")
+if dtype == "auto":
+    dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+out_dir = out_dir or f"out-{residual}"
+lr_decay_iters = lr_decay_iters or max_iters
+tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
+data_dir = os.path.join(DATA_DIR, dataset)
+if not os.path.exists(os.path.join(data_dir, "train.bin")):
+    if dataset not in DATASETS:
+        fail(f"no data for dataset '{dataset}' in {data_dir}: choose one of {', '.join(DATASETS)} "
+             f"or make it with python prepare.py --input=FILE --dataset={dataset}")
+    if master:
+        prepare_dataset(dataset)  # first use: tokenize the bundled text
+if ddp:
+    torch.distributed.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    torch.distributed.barrier()  # the other ranks wait for rank 0's prepare
+n_val = len(np.memmap(os.path.join(data_dir, "val.bin"), dtype=np.uint16, mode="r"))
+if block_size >= n_val:
+    fail(f"block_size {block_size} is not shorter than the validation split ({n_val} tokens)")
+with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
+    vocab_size = pickle.load(f)["vocab_size"]
+model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
+                  vocab_size=vocab_size, dropout=dropout, residual=residual, n_streams=n_streams,
+                  alpha_init=alpha_init, sinkhorn_iters=sinkhorn_iters, gate_c_max=gate_c_max,
+                  gate_anchor=gate_anchor, kernels=kernels)
+ckpt_path = os.path.join(out_dir, "ckpt.pt")
+checkpoint = None
+if init_from == "resume":
+    if not os.path.exists(ckpt_path):
+        fail(f"--init_from=resume: no checkpoint at {ckpt_path}")
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    # the architecture comes from the checkpoint; only the kernels may change
+    model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "kernels"})
+try:
+    check_config(GPTConfig(**model_args))
+except ValueError as e:
+    fail(str(e))
+if kernels == "triton":
+    import kernels as triton_kernels
+    try:
+        triton_kernels.check_triton_available()
+    except RuntimeError as e:
+        fail(f"--kernels=triton: {e}")
+if master:  # an unwritable out_dir is found now, not at the first checkpoint
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, ".write_test"), "w"):
+            pass
+        os.remove(os.path.join(out_dir, ".write_test"))
+    except OSError as e:
+        fail(f"out_dir '{out_dir}' is not writable: {e.strerror}")
+
+# --- setup -------------------------------------------------------------------
+torch.manual_seed(seed)
+data_rng = torch.Generator().manual_seed(seed)  # the same stream of batches on every rank
+if device_type == "cuda":
+    torch.cuda.set_device(device)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+if master:
+    print(f"device {device}, {dtype}, kernels {kernels}: {size_note}. Override any of them, e.g. "
+          f"--n_layer=6 --n_embd=384 --block_size=256 --batch_size=64 --device=cpu.")
+    print(f"{residual} with {n_streams} stream(s); {tokens_per_iter:,} tokens per iteration; writing to {out_dir}")
+
+
+def get_batch(split, generator):
+    """One (X, Y) micro-batch for this process: every rank draws the global batch
+    of world_size * batch_size offsets and keeps its own slice, so N processes x
+    batch B train on exactly what 1 process x batch N*B would."""
+    data = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")  # new memmap each time: avoids a leak
+    ix = torch.randint(len(data) - block_size, (world_size * batch_size,), generator=generator)
+    ix = ix[rank * batch_size:(rank + 1) * batch_size]
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
+    if device_type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+iter_num, best_val_loss, elapsed_before = 0, 1e9, 0.0
+model = GPT(GPTConfig(**model_args))
+if checkpoint is not None:
+    model.load_state_dict(checkpoint["model"])
+    iter_num, best_val_loss, elapsed_before = checkpoint["iter_num"], checkpoint["best_val_loss"], checkpoint["elapsed_s"]
+    torch.set_rng_state(checkpoint["rng_state"])
+    data_rng.set_state(checkpoint["data_rng_state"])
+model.to(device)
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+if checkpoint is not None:
+    optimizer.load_state_dict(checkpoint["optimizer"])
+raw_model = model  # saved without the compile / DDP wrappers
+if compile:
+    model = torch.compile(model)
+if ddp:
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == "cuda" else None)
+
+
+@torch.no_grad()
+def estimate_loss():
+    """Mean loss over eval_iters fixed batches per split (fixed: a fresh generator
+    each time, so evaluations differ only by the weights, and training's batch
+    stream is untouched, which keeps resumed runs identical to uninterrupted ones)."""
+    out = {}
+    model.eval()
+    for i, split in enumerate(("train", "val")):
+        generator = torch.Generator().manual_seed(seed + 1 + i)
+        losses = torch.zeros(eval_iters)
+        for k in range(eval_iters):
+            X, Y = get_batch(split, generator)
+            with autocast:
+                _, loss = model(X, Y)
+            losses[k] = loss.item()
+        out[split] = losses.mean().item()
+    model.train()
+    return out
+
+
+def get_lr(it):
+    """Linear warmup, then cosine decay to min_lr at lr_decay_iters."""
+    if not decay_lr:
+        return learning_rate
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it >= lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+def save_checkpoint():
+    """Write to a temporary file, fsync, then rename: a kill at any moment leaves
+    either the old checkpoint or the new one, never a truncated file."""
+    checkpoint = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args,
+                      iter_num=iter_num, best_val_loss=best_val_loss, elapsed_s=elapsed_s(),
+                      rng_state=torch.get_rng_state(), data_rng_state=data_rng.get_state(),
+                      config={k: globals()[k] for k in setting_names})
+    tmp = ckpt_path + ".tmp"
+    with open(tmp, "wb") as f:
+        torch.save(checkpoint, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, ckpt_path)
+
+
+def log_metrics(row):
+    with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def keep_metrics_before(it):
+    """On resume, drop metric lines the checkpoint does not cover (written after it)."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    rows = [line for line in open(path) if json.loads(line)["iter"] < it] if os.path.exists(path) else []
+    with open(path, "w") as f:
+        f.writelines(rows)
+
+
+stop_signal = None
+
+
+def request_stop(signum, frame):
+    """Ctrl-C / SIGTERM: finish the current iteration, save, exit cleanly."""
+    global stop_signal
+    stop_signal = signal.Signals(signum).name
+
+
+signal.signal(signal.SIGINT, request_stop)
+signal.signal(signal.SIGTERM, request_stop)
+if master:
+    keep_metrics_before(iter_num)
+start_time = time.time()
+
+
+def elapsed_s():
+    return elapsed_before + time.time() - start_time
+
+
+# --- the training loop ----------------------------------------------------------
+bar = tqdm(total=max_iters, initial=iter_num, desc=residual, disable=not (master and progress), dynamic_ncols=True)
+tokens_since_eval, train_time_since_eval = 0, 0.0
+while True:
+    lr = get_lr(iter_num)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    if iter_num % eval_interval == 0 or iter_num == max_iters:
+        losses = estimate_loss()
+        tokens_per_sec = tokens_since_eval / train_time_since_eval if train_time_since_eval else 0.0
+        if master:
+            row = dict(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"], lr=lr,
+                       tokens_per_sec=tokens_per_sec, elapsed_s=elapsed_s())
+            log_metrics(row)
+            bar.write(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
+                      f"{tokens_per_sec:,.0f} tokens/s")
+            if losses["val"] < best_val_loss or always_save_checkpoint:
+                best_val_loss = min(best_val_loss, losses["val"])
+                if iter_num > 0:
+                    save_checkpoint()
+        tokens_since_eval, train_time_since_eval = 0, 0.0
+    if iter_num >= max_iters:
+        break
+    if stop_signal:
+        if master:
+            save_checkpoint()
+            bar.write(f"{stop_signal}: saved {ckpt_path} at iteration {iter_num}; continue with --init_from=resume")
+        break
+    t0 = time.time()
+    for micro_step in range(gradient_accumulation_steps):
+        if ddp:  # sync gradients only at the last micro-step
+            model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
+        X, Y = get_batch("train", data_rng)
+        with autocast:
+            _, loss = model(X, Y)
+            loss = loss / gradient_accumulation_steps
+        scaler.scale(loss).backward()
+    lossf = loss.item() * gradient_accumulation_steps
+    if not math.isfinite(lossf):  # stop before the update: the weights and the last checkpoint stay good
+        last = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was saved yet"
+        fail(f"loss is {lossf} at iteration {iter_num}; stopping without saving ({last}). "
+             f"Try a lower --learning_rate or --dtype=float32")
+    if grad_clip != 0.0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+    dt = time.time() - t0
+    tokens_since_eval += tokens_per_iter
+    train_time_since_eval += dt
+    iter_num += 1
+    bar.update(1)
+    if iter_num % log_interval == 0:
+        bar.set_postfix(loss=f"{lossf:.4f}", tok_s=f"{tokens_per_iter / dt:,.0f}", lr=f"{lr:.1e}")
+bar.close()
+if ddp:
+    torch.distributed.destroy_process_group()

@@ -1,0 +1,96 @@
+"""
+Sample text from a trained model.
+
+    python sample.py --out_dir=out-norm_gated_ihc
+    python sample.py --out_dir=out-mhc --start="ROMEO:" --num_samples=3 --temperature=0.8
+    python sample.py --out_dir=out-mhc --start=FILE:prompt.txt
+
+Rebuilds the model from the checkpoint's model_args and decodes with the
+dataset's meta.pkl (characters) or the bundled GPT-2 tokenizer.
+"""
+import os
+import pickle
+from contextlib import nullcontext
+
+import torch
+
+from configurator import configure, fail
+from model import GPT, GPTConfig
+from prepare import DATA_DIR, gpt2_tokenizer
+
+# -----------------------------------------------------------------------------
+out_dir = "out-residual"  # the folder holding ckpt.pt
+start = "\n"  # the prompt, or FILE:path to read it from a file
+num_samples = 2
+max_new_tokens = 500
+temperature = 0.8  # 1.0 = the model's distribution, < 1.0 sharper, > 1.0 more random
+top_k = 200  # keep only the top_k most likely tokens (0: all)
+seed = 1337
+device = "auto"  # auto, cpu, cuda, cuda:N or mps
+dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
+kernels = "torch"  # stream ops for sampling: torch or triton
+# -----------------------------------------------------------------------------
+configure(globals())
+if num_samples < 1 or max_new_tokens < 1:
+    fail("num_samples and max_new_tokens must be at least 1")
+if temperature <= 0:
+    fail(f"temperature must be > 0, got {temperature}")
+if device == "auto":
+    device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+device_type = device.split(":")[0]
+if dtype == "auto":
+    dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+
+ckpt_path = os.path.join(out_dir, "ckpt.pt")
+if not os.path.exists(ckpt_path):
+    fail(f"no checkpoint at {ckpt_path}; train one with python train.py --out_dir={out_dir}")
+try:
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    model_args = checkpoint["model_args"]
+    model = GPT(GPTConfig(**{**model_args, "kernels": kernels}))
+    model.load_state_dict(checkpoint["model"])
+except Exception as e:  # any damage to the file: say which file, not a traceback
+    fail(f"cannot load checkpoint {ckpt_path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+         f"it is truncated, corrupted or not from this train.py")
+model.eval().to(device)
+
+dataset = checkpoint["config"]["dataset"]
+meta_path = os.path.join(DATA_DIR, dataset, "meta.pkl")
+if not os.path.exists(meta_path):
+    fail(f"no tokenizer for dataset '{dataset}': {meta_path} is missing (python prepare.py --dataset={dataset})")
+with open(meta_path, "rb") as f:
+    meta = pickle.load(f)
+if meta["tokenizer"] == "char":
+    stoi, itos = meta["stoi"], meta["itos"]
+
+    def encode(text):
+        unknown = sorted(set(text) - set(stoi))
+        if unknown:
+            fail(f"the prompt has characters outside the {len(stoi)}-character vocabulary of '{dataset}': "
+                 f"{''.join(unknown)!r}")
+        return [stoi[c] for c in text]
+
+    def decode(ids):
+        return "".join(itos[i] for i in ids)
+else:
+    enc = gpt2_tokenizer()
+    encode, decode = (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
+
+if start.startswith("FILE:"):
+    try:
+        with open(start[5:], encoding="utf-8") as f:
+            start = f.read()
+    except OSError as e:
+        fail(f"cannot read prompt file '{start[5:]}': {e.strerror}")
+start_ids = encode(start)
+if not start_ids:
+    fail("the prompt is empty; give --start with at least one character")
+x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
+generator = torch.Generator(device=device).manual_seed(seed)
+ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+with torch.no_grad(), autocast:
+    for _ in range(num_samples):
+        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=generator)
+        print(decode(y[0].tolist()))
+        print("---------------")

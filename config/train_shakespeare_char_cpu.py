@@ -1,0 +1,19 @@
+# nanoGPT's CPU recipe (its README: ~1.88 val loss): the defaults of train.py on a
+# machine with no GPU. A few minutes on 2 cores.
+# python train.py config/train_shakespeare_char_cpu.py --residual=mhc
+dataset = "shakespeare_char"
+device = "cpu"
+eval_interval = 250
+eval_iters = 50
+batch_size = 12
+block_size = 64
+n_layer = 4
+n_head = 4
+n_embd = 128
+dropout = 0.0
+learning_rate = 1e-3
+max_iters = 2000
+lr_decay_iters = 2000
+min_lr = 1e-4
+beta2 = 0.99
+warmup_iters = 100

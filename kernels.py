@@ -184,7 +184,9 @@ def _sinkhorn_bwd_kernel(
     tl.store(grad_in_ptr + offsets, G.to(grad_in_ptr.dtype.element_ty), mask=mask)
 
 
-SINKHORN_BLOCK_M = 32  # matrices per program: 38 sum vectors of 32 x NP stay in registers
+# Elements of a (BLOCK_M, NP, NP) tile: 4 per thread at 4 warps. At iters = 20 the
+# backward then holds ~220 registers per thread (the sums, M, G, A) without spilling.
+SINKHORN_TILE = 512
 
 
 def _sinkhorn_launch(logits, iters, grad_out=None):
@@ -193,8 +195,10 @@ def _sinkhorn_launch(logits, iters, grad_out=None):
     assert logits.shape[-2] == n, f"sinkhorn needs square matrices, got {tuple(logits.shape)}"
     logits = logits.contiguous()
     N = logits.numel() // (n * n)
-    grid = (triton.cdiv(N, SINKHORN_BLOCK_M),)
-    meta = dict(n=n, NP=triton.next_power_of_2(n), ITERS=iters, BLOCK_M=SINKHORN_BLOCK_M)
+    NP = triton.next_power_of_2(n)
+    BLOCK_M = SINKHORN_TILE // (NP * NP)
+    grid = (triton.cdiv(N, BLOCK_M),)
+    meta = dict(n=n, NP=NP, ITERS=iters, BLOCK_M=BLOCK_M)
     if grad_out is None:
         out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
         _sinkhorn_fwd_kernel[grid](logits, out, N, **meta)
@@ -234,20 +238,21 @@ def sinkhorn(logits, iters=20):
 # gradients), so each program owns whole tokens and loops over C in chunks,
 # summing in float32: still one pass over the state.
 
-STREAM_BLOCK_C = 256  # channels per chunk: rows of 512 B in bf16 give 16-byte loads
+STREAM_BLOCK_C = 256  # channels per chunk: 512-byte rows in bf16, 16-byte loads per thread
 STREAM_TILE = 2048  # elements of a (BLOCK_T, NP, BLOCK_C) tile: 16 per thread at 4 warps
 
 
-def _stream_blocks(n, C):
-    """(NP, BLOCK_T, BLOCK_C) for n streams of width C."""
+def _stream_shape(h):
+    """N, n, C and the constexprs NP, BLOCK_T, BLOCK_C for a (..., n, C) state."""
+    n, C = h.shape[-2:]
     NP = triton.next_power_of_2(n)
     BLOCK_C = min(STREAM_BLOCK_C, triton.next_power_of_2(C))
-    return NP, max(1, STREAM_TILE // (NP * BLOCK_C)), BLOCK_C
+    return h.numel() // (n * C), n, C, dict(NP=NP, BLOCK_T=max(1, STREAM_TILE // (NP * BLOCK_C)), BLOCK_C=BLOCK_C)
 
 
 # Stream read. x_c = sum_i pre_i h_ic, so dh_ic = pre_i dx_c and dpre_i = sum_c h_ic dx_c.
-# Bytes per token (s bytes per state element): forward reads n*C*s + 4n, writes C*s;
-# backward reads (n+1)*C*s + 4n and writes n*C*s + 4n.
+# Bytes per token (s bytes per state element, pre float32): the forward reads
+# n*C*s + 4n and writes C*s; the backward reads (n+1)*C*s + 4n, writes n*C*s + 4n.
 
 stream_read_reference = residuals.stream_read
 
@@ -263,9 +268,11 @@ def _stream_read_fwd_kernel(
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    state, state_mask, row, row_mask, coef, coef_mask = _stream_offsets(t, c, N, C, n, NP)
+    state, state_mask = _state_tile(t, c, N, C, n, NP)
+    row, row_mask = _row_tile(t, c, N, C)
+    vec, vec_mask = _vector_tile(t, N, n, NP)
     h = tl.load(h_ptr + state, mask=state_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, BLOCK_C)
-    pre = tl.load(pre_ptr + coef, mask=coef_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP)
+    pre = tl.load(pre_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP)
     x = tl.sum(pre[:, :, None] * h, axis=1)  # (BLOCK_T, BLOCK_C)
     tl.store(x_ptr + row, x.to(x_ptr.dtype.element_ty), mask=row_mask)
 
@@ -282,16 +289,18 @@ def _stream_read_bwd_kernel(
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,  # tokens per program, channels per chunk
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    _, _, _, _, coef, coef_mask = _stream_offsets(t, tl.arange(0, BLOCK_C), N, C, n, NP)
-    pre = tl.load(pre_ptr + coef, mask=coef_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP)
+    vec, vec_mask = _vector_tile(t, N, n, NP)
+    pre = tl.load(pre_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)[:, :, None]  # (BLOCK_T, NP, 1)
     dpre = tl.zeros((BLOCK_T, NP), dtype=tl.float32)
     for c0 in range(0, C, BLOCK_C):
-        state, state_mask, row, row_mask, _, _ = _stream_offsets(t, c0 + tl.arange(0, BLOCK_C), N, C, n, NP)
+        c = c0 + tl.arange(0, BLOCK_C)
+        state, state_mask = _state_tile(t, c, N, C, n, NP)
+        row, row_mask = _row_tile(t, c, N, C)
         h = tl.load(h_ptr + state, mask=state_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, BLOCK_C)
         dx = tl.load(dx_ptr + row, mask=row_mask, other=0.0).to(tl.float32)[:, None, :]  # (BLOCK_T, 1, BLOCK_C)
-        tl.store(dh_ptr + state, (pre[:, :, None] * dx).to(dh_ptr.dtype.element_ty), mask=state_mask)
+        tl.store(dh_ptr + state, (pre * dx).to(dh_ptr.dtype.element_ty), mask=state_mask)
         dpre += tl.sum(h * dx, axis=2)
-    tl.store(dpre_ptr + coef, dpre.to(dpre_ptr.dtype.element_ty), mask=coef_mask)
+    tl.store(dpre_ptr + vec, dpre.to(dpre_ptr.dtype.element_ty), mask=vec_mask)
 
 
 class _StreamRead(torch.autograd.Function):
@@ -299,24 +308,19 @@ class _StreamRead(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, pre):
         h, pre = h.contiguous(), pre.contiguous()  # h may be an expand()ed view
-        *lead, n, C = h.shape
-        N = h.numel() // (n * C)
-        NP, BLOCK_T, BLOCK_C = _stream_blocks(n, C)
-        x = torch.empty(*lead, C, dtype=h.dtype, device=h.device)  # (B,T,C)
-        grid = (triton.cdiv(N, BLOCK_T), triton.cdiv(C, BLOCK_C))
-        _stream_read_fwd_kernel[grid](h, pre, x, N, C, n, NP, BLOCK_T, BLOCK_C)
+        N, n, C, meta = _stream_shape(h)
+        x = torch.empty(h.shape[:-2] + (C,), dtype=h.dtype, device=h.device)  # (B,T,C)
+        grid = (triton.cdiv(N, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))
+        _stream_read_fwd_kernel[grid](h, pre, x, N, C, n, **meta)
         ctx.save_for_backward(h, pre)
         return x
 
     @staticmethod
     def backward(ctx, dx):
         h, pre = ctx.saved_tensors
-        n, C = h.shape[-2:]
-        N = h.numel() // (n * C)
-        NP, BLOCK_T, BLOCK_C = _stream_blocks(n, C)
+        N, n, C, meta = _stream_shape(h)
         dh, dpre = torch.empty_like(h), torch.empty_like(pre)
-        grid = (triton.cdiv(N, BLOCK_T),)
-        _stream_read_bwd_kernel[grid](h, pre, dx.contiguous(), dh, dpre, N, C, n, NP, BLOCK_T, BLOCK_C)
+        _stream_read_bwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](h, pre, dx.contiguous(), dh, dpre, N, C, n, **meta)
         return dh, dpre
 
 
@@ -332,13 +336,13 @@ def stream_read(h, pre):
 #     dmix_ij = sum_c g_ic h_jc     (diagonal: sum_c g_ic h_ic)
 #     dpost_i = sum_c g_ic y_c,     dy_c = sum_i post_i g_ic
 # Bytes per token (s bytes per state element, coefficients float32, full mix):
-# forward reads (n+1)*C*s + 4(n*n + n), writes n*C*s; backward reads
-# (2n+1)*C*s + 4(n*n + n), writes (n+1)*C*s + 4(n*n + n). With the identity the
-# backward neither reads h nor writes dh (dh = g): (n+1)*C*s in, C*s out.
+# the forward reads (n+1)*C*s + 4(n*n + n) and writes n*C*s; the backward reads
+# (2n+1)*C*s + 4(n*n + n) and writes (n+1)*C*s + 4(n*n + n). With the identity
+# the backward neither reads h nor writes dh (dh is g): (n+1)*C*s in, C*s out.
 
 stream_write_reference = residuals.stream_write
 
-MIX_IDENTITY, MIX_DIAGONAL, MIX_FULL = 0, 1, 2
+MIX_IDENTITY, MIX_DIAGONAL, MIX_FULL = 0, 1, 2  # the MIX constexpr of the kernels
 
 
 @triton.jit
@@ -350,116 +354,112 @@ def _stream_write_fwd_kernel(
     out_ptr,  # (N, n, C) new state, h's dtype
     N, C,  # tokens, channels
     n: tl.constexpr, NP: tl.constexpr,  # streams; padded to a power of two
-    MIX: tl.constexpr,  # MIX_IDENTITY, MIX_DIAGONAL or MIX_FULL
+    MIX: tl.constexpr,  # MIX_IDENTITY (0), MIX_DIAGONAL (1) or MIX_FULL (2)
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,  # tokens and channels per program
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    state, state_mask, row, row_mask, coef, coef_mask = _stream_offsets(t, c, N, C, n, NP)
+    state, state_mask = _state_tile(t, c, N, C, n, NP)
+    row, row_mask = _row_tile(t, c, N, C)
+    vec, vec_mask = _vector_tile(t, N, n, NP)
     h = tl.load(h_ptr + state, mask=state_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, BLOCK_C)
     y = tl.load(y_ptr + row, mask=row_mask, other=0.0).to(tl.float32)  # (BLOCK_T, BLOCK_C)
-    post = tl.load(post_ptr + coef, mask=coef_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP)
-    if MIX == 2:  # MIX_FULL
-        mix_offsets, mix_mask = _mix_offsets(t, N, n, NP)
-        mix = tl.load(mix_ptr + mix_offsets, mask=mix_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, NP)
-        h = tl.sum(mix[:, :, :, None] * h[:, None, :, :], axis=2)  # (BLOCK_T, NP(i), NP(j), BLOCK_C) -> sum over j
-    elif MIX == 1:  # MIX_DIAGONAL
-        h = tl.load(mix_ptr + coef, mask=coef_mask, other=0.0).to(tl.float32)[:, :, None] * h
+    post = tl.load(post_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP)
+    if MIX == 2:
+        mat, mat_mask = _matrix_tile(t, N, n, NP)
+        mix = tl.load(mix_ptr + mat, mask=mat_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, NP)
+        h = tl.sum(mix[:, :, :, None] * h[:, None, :, :], axis=2)  # (BLOCK_T, NP(i), NP(j), BLOCK_C), sum over j
+    elif MIX == 1:
+        h *= tl.load(mix_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)[:, :, None]
     out = h + post[:, :, None] * y[:, None, :]
     tl.store(out_ptr + state, out.to(out_ptr.dtype.element_ty), mask=state_mask)
 
 
 @triton.jit
 def _stream_write_bwd_kernel(
-    h_ptr,  # (N, n, C) state (unused for the identity)
+    h_ptr,  # (N, n, C) state (not read for the identity)
     mix_ptr,  # (N, n, n) full or (N, n) diagonal mix; None for the identity
     post_ptr,  # (N, n) write weights
     y_ptr,  # (N, C) sublayer output
     g_ptr,  # (N, n, C) d loss / d out
-    dh_ptr,  # (N, n, C) d loss / d h, h's dtype; None for the identity (dh = g)
+    dh_ptr,  # (N, n, C) d loss / d h, h's dtype; None for the identity (dh is g)
     dmix_ptr,  # like mix_ptr: d loss / d mix, mix's dtype
     dpost_ptr,  # (N, n) d loss / d post, post's dtype
     dy_ptr,  # (N, C) d loss / d y, y's dtype
     N, C,  # tokens, channels
     n: tl.constexpr, NP: tl.constexpr,  # streams; padded to a power of two
-    MIX: tl.constexpr,  # MIX_IDENTITY, MIX_DIAGONAL or MIX_FULL
+    MIX: tl.constexpr,  # MIX_IDENTITY (0), MIX_DIAGONAL (1) or MIX_FULL (2)
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,  # tokens per program, channels per chunk
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    _, _, _, _, coef, coef_mask = _stream_offsets(t, tl.arange(0, BLOCK_C), N, C, n, NP)
-    post = tl.load(post_ptr + coef, mask=coef_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP)
+    vec, vec_mask = _vector_tile(t, N, n, NP)
+    post = tl.load(post_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)[:, :, None]  # (BLOCK_T, NP, 1)
     dpost = tl.zeros((BLOCK_T, NP), dtype=tl.float32)
-    if MIX == 2:  # MIX_FULL
-        mix_offsets, mix_mask = _mix_offsets(t, N, n, NP)
-        mix = tl.load(mix_ptr + mix_offsets, mask=mix_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, NP)
+    if MIX == 2:
+        mat, mat_mask = _matrix_tile(t, N, n, NP)
+        mix = tl.load(mix_ptr + mat, mask=mat_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, NP)
         dmix = tl.zeros((BLOCK_T, NP, NP), dtype=tl.float32)
-    elif MIX == 1:  # MIX_DIAGONAL
-        mix = tl.load(mix_ptr + coef, mask=coef_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP)
+    elif MIX == 1:
+        mix = tl.load(mix_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)[:, :, None]  # (BLOCK_T, NP, 1)
         dmix = tl.zeros((BLOCK_T, NP), dtype=tl.float32)
     for c0 in range(0, C, BLOCK_C):
-        state, state_mask, row, row_mask, _, _ = _stream_offsets(t, c0 + tl.arange(0, BLOCK_C), N, C, n, NP)
+        c = c0 + tl.arange(0, BLOCK_C)
+        state, state_mask = _state_tile(t, c, N, C, n, NP)
+        row, row_mask = _row_tile(t, c, N, C)
         g = tl.load(g_ptr + state, mask=state_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, BLOCK_C)
-        y = tl.load(y_ptr + row, mask=row_mask, other=0.0).to(tl.float32)  # (BLOCK_T, BLOCK_C)
-        tl.store(dy_ptr + row, tl.sum(post[:, :, None] * g, axis=1).to(dy_ptr.dtype.element_ty), mask=row_mask)
-        dpost += tl.sum(g * y[:, None, :], axis=2)
-        if MIX != 0:  # not MIX_IDENTITY
+        y = tl.load(y_ptr + row, mask=row_mask, other=0.0).to(tl.float32)[:, None, :]  # (BLOCK_T, 1, BLOCK_C)
+        tl.store(dy_ptr + row, tl.sum(post * g, axis=1).to(dy_ptr.dtype.element_ty), mask=row_mask)
+        dpost += tl.sum(g * y, axis=2)
+        if MIX != 0:
             h = tl.load(h_ptr + state, mask=state_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, BLOCK_C)
             if MIX == 2:
-                dh = tl.sum(mix[:, :, :, None] * g[:, :, None, :], axis=1)  # (BLOCK_T, NP(i), NP(j), BLOCK_C) -> sum over i
-                dmix += tl.sum(g[:, :, None, :] * h[:, None, :, :], axis=3)  # (BLOCK_T, NP(i), NP(j), BLOCK_C) -> sum over c
+                dh = tl.sum(mix[:, :, :, None] * g[:, :, None, :], axis=1)  # (BLOCK_T, NP(i), NP(j), BLOCK_C), sum over i
+                dmix += tl.sum(g[:, :, None, :] * h[:, None, :, :], axis=3)  # same shape, sum over c
             else:
-                dh = mix[:, :, None] * g
+                dh = mix * g
                 dmix += tl.sum(g * h, axis=2)
             tl.store(dh_ptr + state, dh.to(dh_ptr.dtype.element_ty), mask=state_mask)
-    tl.store(dpost_ptr + coef, dpost.to(dpost_ptr.dtype.element_ty), mask=coef_mask)
+    tl.store(dpost_ptr + vec, dpost.to(dpost_ptr.dtype.element_ty), mask=vec_mask)
     if MIX == 2:
-        tl.store(dmix_ptr + mix_offsets, dmix.to(dmix_ptr.dtype.element_ty), mask=mix_mask)
+        tl.store(dmix_ptr + mat, dmix.to(dmix_ptr.dtype.element_ty), mask=mat_mask)
     elif MIX == 1:
-        tl.store(dmix_ptr + coef, dmix.to(dmix_ptr.dtype.element_ty), mask=coef_mask)
-
-
-def _mix_kind(h, mix):
-    if mix is None:
-        return MIX_IDENTITY
-    return MIX_DIAGONAL if mix.dim() == h.dim() - 1 else MIX_FULL
+        tl.store(dmix_ptr + vec, dmix.to(dmix_ptr.dtype.element_ty), mask=vec_mask)
 
 
 class _StreamWrite(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, mix, post, y):
-        h, post, y = h.contiguous(), post.contiguous(), y.contiguous()
-        mix = None if mix is None else mix.contiguous()
-        n, C = h.shape[-2:]
-        N = h.numel() // (n * C)
-        NP, BLOCK_T, BLOCK_C = _stream_blocks(n, C)
+        h, post, y = h.contiguous(), post.contiguous(), y.contiguous()  # h may be an expand()ed view
+        if mix is None:
+            ctx.kind = MIX_IDENTITY
+        else:
+            ctx.kind = MIX_DIAGONAL if mix.dim() == h.dim() - 1 else MIX_FULL
+            mix = mix.contiguous()
+        N, n, C, meta = _stream_shape(h)
         out = torch.empty_like(h)  # (B,T,n,C)
-        grid = (triton.cdiv(N, BLOCK_T), triton.cdiv(C, BLOCK_C))
-        kind = _mix_kind(h, mix)
-        _stream_write_fwd_kernel[grid](h, mix, post, y, out, N, C, n, NP, kind, BLOCK_T, BLOCK_C)
+        grid = (triton.cdiv(N, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))
+        _stream_write_fwd_kernel[grid](h, mix, post, y, out, N, C, n, MIX=ctx.kind, **meta)
         ctx.save_for_backward(h, mix, post, y)
-        ctx.kind = kind
         return out
 
     @staticmethod
     def backward(ctx, g):
         h, mix, post, y = ctx.saved_tensors
         g = g.contiguous()
-        n, C = h.shape[-2:]
-        N = h.numel() // (n * C)
-        NP, BLOCK_T, BLOCK_C = _stream_blocks(n, C)
+        N, n, C, meta = _stream_shape(h)
         identity = ctx.kind == MIX_IDENTITY
-        dh = g if identity else torch.empty_like(h)  # d out / d h is the identity: no kernel work
+        dh = None if identity else torch.empty_like(h)
         dmix = None if identity else torch.empty_like(mix)
         dpost, dy = torch.empty_like(post), torch.empty_like(y)
-        grid = (triton.cdiv(N, BLOCK_T),)
-        _stream_write_bwd_kernel[grid](h, mix, post, y, g, None if identity else dh, dmix, dpost, dy,
-                                       N, C, n, NP, ctx.kind, BLOCK_T, BLOCK_C)
-        return dh, dmix, dpost, dy
+        _stream_write_bwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](
+            h, mix, post, y, g, dh, dmix, dpost, dy, N, C, n, MIX=ctx.kind, **meta)
+        return g if identity else dh, dmix, dpost, dy
 
 
 def stream_write(h, mix, post, y):
-    """MIX(h) + post (outer) y, shape (B,T,n,C), h's dtype. (MIX h)_i = sum_j mix[i, j] h_j.
-    h (B,T,n,C); mix (B,T,n,n) full, (B,T,n) diagonal or None (identity); post (B,T,n); y (B,T,C)."""
+    """MIX(h) + post (outer) y, shape (B,T,n,C), h's dtype; (MIX h)_i = sum_j mix[i, j] h_j.
+    h (B,T,n,C); mix (B,T,n,n) full, (B,T,n) diagonal gate, or None (identity);
+    post (B,T,n); y (B,T,C). One pass over h and y, one write of the result."""
     check_triton_available(h.device)
     return _StreamWrite.apply(h, mix, post, y)

@@ -153,16 +153,51 @@ class GPT(nn.Module):
             n_params -= self.transformer.wpe.weight.numel()
         return n_params
 
-    def streams(self, idx):
-        """The residual state after the last Block: (B,T,n,C)."""
+    def embed(self, idx):
+        """Token + position embedding, as n equal streams: (B,T) -> (B,T,n,C)."""
         B, T = idx.size()
         assert T <= self.config.block_size, f"sequence of {T} tokens is longer than block_size {self.config.block_size}"
         pos = torch.arange(0, T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B,T,C)
-        h = x.unsqueeze(2).expand(B, T, self.config.n_streams, x.size(-1))  # (B,T,n,C), n equal copies
+        return x.unsqueeze(2).expand(B, T, self.config.n_streams, x.size(-1))
+
+    def streams(self, idx):
+        """The residual state after the last Block: (B,T,n,C)."""
+        h = self.embed(idx)
         for block in self.transformer.h:
             h = block(h)
         return h
+
+    @torch.no_grad()
+    def diagnostics(self, idx):
+        """What the topology does to the residual path, on one batch.
+
+        Composite gain (mHC paper, Figs. 3 and 7): P = MIX_{2L-1} ... MIX_1 MIX_0,
+        the product of every sublayer's MIX per token. Forward gain: the largest
+        absolute row sum of P; backward gain: the largest absolute column sum; max
+        over the batch's tokens. 1 for the residual and for products of doubly
+        stochastic matrices; hc can grow; gates below 1 shrink it.
+        Gated topologies also report, per sublayer, the mean gate and the fraction
+        of gates below 0.01 (resets).
+        """
+        h = self.embed(idx)
+        n = h.size(2)
+        product = torch.eye(n, device=idx.device).expand(*h.shape[:2], n, n)  # (B,T,n,n)
+        gate_mean, gate_resets = [], []
+        for block in self.transformer.h:
+            for streams, sublayer in ((block.attn_streams, block.attn_sublayer), (block.mlp_streams, block.mlp_sublayer)):
+                mix = streams.mix_matrix(h)
+                if mix is not None:
+                    product = mix.float() @ product
+                if isinstance(streams, residuals.GatedIHC):
+                    g = streams.gate_values(h)
+                    gate_mean.append(g.mean().item())
+                    gate_resets.append((g < 0.01).float().mean().item())
+                h = streams(h, sublayer)
+        report = dict(gain_forward=product.abs().sum(-1).max().item(), gain_backward=product.abs().sum(-2).max().item())
+        if gate_mean:
+            report.update(gate_mean=gate_mean, gate_reset_fraction=gate_resets)
+        return report
 
     def forward(self, idx, targets=None):
         x = self.transformer.ln_f(self.streams(idx).mean(2))  # (B,T,C)

@@ -294,6 +294,10 @@ class GatedIHC(DynamicStreams):
     def mix(self, res):
         return self.gate(res)
 
+    def gate_values(self, h):
+        """The gates g (B,T,n), or (B,T,1) for mean_gated_ihc (for diagnostics)."""
+        return self.gate(self.coefficients(h)[2])
+
 
 class NormGatedIHC(GatedIHC):
     """norm_gated_ihc: MIX = c(g) diag(g), c(g) = min(c_max, sqrt(n) / (|g| + eps)).
@@ -316,8 +320,11 @@ class MeanGatedIHC(GatedIHC):
     def mix_bias_init(self, n):
         return torch.ones(1)
 
+    def gate(self, res):
+        return gate_clip(res)  # (B,T,1)
+
     def mix(self, res):
-        g = gate_clip(res).unsqueeze(-1)  # (B,T,1,1)
+        g = self.gate(res).unsqueeze(-1)  # (B,T,1,1)
         n = self.n
         J = torch.full((n, n), 1.0 / n, device=res.device)
         eye = torch.eye(n, device=res.device)

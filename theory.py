@@ -54,10 +54,17 @@ def swiglu(W_gate, W_up, W_down):
     return lambda z: (silu(z @ W_gate.mT) * (z @ W_up.mT)) @ W_down.mT
 
 
-def random_swiglu(d, width, gen):
+def random_block(d, width, gen):
+    """A random pre-norm no-bias SwiGLU block R^d -> R^d, like a transformer sublayer.
+
+    The theorems hold for any F_l; the RMS norm only keeps deep random nets
+    from blowing up (a bare SwiGLU is quadratic, so L layers of it grow like
+    x^(2^L)).
+    """
     def w(rows, cols):
         return torch.randn(rows, cols, generator=gen, dtype=DT) / math.sqrt(cols)
-    return swiglu(w(width, d), w(width, d), w(d, width))
+    mlp = swiglu(w(width, d), w(width, d), w(d, width))
+    return lambda z: mlp(z / (z.square().mean(-1, keepdim=True) + 1e-6).sqrt())
 
 
 # embed (n x n) maps the input to X_0; per layer l: mixers[l] = A_l (n x n),
@@ -77,14 +84,14 @@ def forward(net, x):
 
 
 def random_stream_net(mixers, d, gen, width=8, outputs=2):
-    """A static stream net with the given mixers and random reads, writes, SwiGLU blocks and head."""
+    """A static stream net with the given mixers, identity embedding and random reads, writes, blocks and head."""
     n, L = mixers[0].shape[0], len(mixers)
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, dtype=DT)
     return StreamNet(torch.eye(n, dtype=DT), list(mixers), [randn(1, n) for _ in range(L)],
                      [randn(n, 1) for _ in range(L)],
-                     [random_swiglu(d, width, gen) for _ in range(L)], randn(outputs, n))
+                     [random_block(d, width, gen) for _ in range(L)], randn(outputs, n))
 
 
 def change_basis(net, P, gates):
@@ -190,11 +197,16 @@ def fit_pure_ihc(width=4, starts=8, steps=600, lr=0.1, lim=2.0, points=512, seed
 
     opt = torch.optim.Adam(params, lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-    for _ in range(steps):
-        opt.zero_grad()
-        mse().sum().backward()
-        opt.step()
-        sched.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ops this small only lose time to threading (10x on a busy CPU)
+    try:
+        for _ in range(steps):
+            opt.zero_grad()
+            mse().sum().backward()
+            opt.step()
+            sched.step()
+    finally:
+        torch.set_num_threads(threads)
     with torch.no_grad():
         return mse().min().item()
 

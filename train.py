@@ -222,6 +222,9 @@ def estimate_loss():
                 _, loss = model(X, Y)
             losses[k] = loss.item()
         out[split] = losses.mean().item()
+    X, _ = get_batch("val", torch.Generator().manual_seed(seed + 2))
+    with autocast:
+        out["diagnostics"] = raw_model.diagnostics(X)
     model.train()
     return out
 
@@ -298,7 +301,7 @@ while True:
         tokens_per_sec = tokens_since_eval / train_time_since_eval if train_time_since_eval else 0.0
         if master:
             row = dict(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"], lr=lr,
-                       tokens_per_sec=tokens_per_sec, elapsed_s=elapsed_s())
+                       tokens_per_sec=tokens_per_sec, elapsed_s=elapsed_s(), **losses["diagnostics"])
             log_metrics(row)
             bar.write(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
                       f"{tokens_per_sec:,.0f} tokens/s")

@@ -29,7 +29,10 @@ def fail(message):
 
 
 def config_keys(config):
-    return [k for k, v in config.items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))]
+    """The settings: lower-case globals holding an int, float, bool or str
+    (UPPER_CASE names are constants, _names are private)."""
+    return [k for k, v in config.items()
+            if not k.startswith("_") and not k.isupper() and isinstance(v, (int, float, bool, str))]
 
 
 def parse_value(key, text, default):

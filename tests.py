@@ -8,8 +8,10 @@ matches its definition), not shapes.
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -270,3 +272,157 @@ def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not os.listdir(tmp_path), "a rejected run must not write anything"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset=shakespear"], "no data for dataset 'shakespear'"),
+    (["--block_size=200000"], "block_size 200000 is not shorter than the validation split (111540 tokens)"),
+    (["--device=tpu"], "unknown device 'tpu'"),
+    (["--init_from=resumed"], "unknown init_from 'resumed'; choose one of: scratch, resume"),
+    (["--init_from=resume"], "--init_from=resume: no checkpoint at"),
+])
+def test_train_rejects_bad_data_and_system_settings(args, message, tmp_path):
+    result = run("train.py", *args, f"--out_dir={tmp_path}", check=False)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_train_checks_out_dir_before_training(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    result = run("train.py", f"--out_dir={blocker / 'run'}", "--max_iters=1000000", check=False)
+    assert result.returncode == 2 and "is not writable" in result.stderr and "Traceback" not in result.stderr
+    assert "iter 0" not in result.stdout, "the out_dir must be checked before any training"
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("prepare.py", ["--dataset=wikipedia"], "unknown dataset 'wikipedia'"),
+    ("prepare.py", ["--input=no_such_file.txt"], "input file 'no_such_file.txt' not found"),
+    ("prepare.py", ["--tokenizer=bpe", "--input=data/shakespeare/input.txt"], "unknown tokenizer 'bpe'"),
+    ("sample.py", ["--temprature=0.5"], "unknown key 'temprature'; valid keys: out_dir, start"),
+    ("sample.py", ["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
+])
+def test_scripts_reject_mistakes_in_one_line(script, args, message):
+    result = run(script, *args, check=False)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One tiny trained run (ihc, 20 iterations) shared by the sampling tests."""
+    out = tmp_path_factory.mktemp("trained")
+    run("train.py", "--residual=ihc", "--max_iters=20", "--eval_interval=20", f"--out_dir={out}", *TINY)
+    return out
+
+
+def test_sample_names_damaged_checkpoints(trained, tmp_path):
+    data = (trained / "ckpt.pt").read_bytes()
+    for name, damaged in (("truncated", data[: len(data) // 2]), ("corrupted", data[:100] + b"\0" * 64 + data[164:])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ckpt.pt").write_bytes(damaged)
+        result = run("sample.py", f"--out_dir={tmp_path / name}", "--device=cpu", check=False)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert f"cannot load checkpoint {tmp_path / name / 'ckpt.pt'}" in result.stderr
+
+
+def test_sample_names_characters_outside_the_vocabulary(trained):
+    result = run("sample.py", f"--out_dir={trained}", "--start=naïve ☃", "--device=cpu", check=False)
+    assert result.returncode == 2 and "'ï☃'" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- interruption, corruption, divergence, multi-process ---------------------------------
+
+def start_training(*args):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_saves_and_resume_continues_the_same_run(signum, tmp_path):
+    common = ["--residual=gated_ihc", "--max_iters=60", "--eval_interval=30", *TINY]
+    run("train.py", f"--out_dir={tmp_path / 'straight'}", *common)
+    proc = start_training(f"--out_dir={tmp_path / 'stopped'}", *common)
+    assert proc.stdout.readline().startswith("device")  # started: handlers are installed
+    while not proc.stdout.readline().startswith("iter 0"):
+        pass
+    time.sleep(1.0)  # somewhere in the first 30 iterations
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    stopped_at = torch.load(tmp_path / "stopped" / "ckpt.pt", weights_only=True)["iter_num"]
+    assert 0 < stopped_at < 60 and f"saved {tmp_path / 'stopped' / 'ckpt.pt'} at iteration {stopped_at}" in out
+    run("train.py", f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", *common)
+    straight, resumed = metrics(tmp_path / "straight"), metrics(tmp_path / "stopped")
+    assert [r["iter"] for r in resumed] == [r["iter"] for r in straight]
+    for a, b in zip(straight, resumed):
+        assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, f"iter {a['iter']}: {a['val_loss']} vs {b['val_loss']}"
+
+
+def test_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path):
+    """A model big enough that writing its checkpoint takes most of each
+    iteration (a save at every one), killed at several moments: whatever is at
+    ckpt.pt must always load."""
+    args = ["--residual=ihc", "--n_layer=4", "--n_embd=256", "--n_head=4", "--block_size=16", "--batch_size=2",
+            "--eval_interval=1", "--eval_iters=1", "--max_iters=1000", "--device=cpu", "--progress=False",
+            f"--out_dir={tmp_path}"]
+    for delay in (0.3, 0.7, 1.1):
+        proc = start_training(*args, *([] if not (tmp_path / "ckpt.pt").exists() else ["--init_from=resume"]))
+        evaluations = 0
+        while evaluations < 3:  # a checkpoint is written after every evaluation past iteration 0
+            evaluations += proc.stdout.readline().startswith("iter")
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        torch.load(tmp_path / "ckpt.pt", weights_only=True)  # raises if truncated
+
+
+def test_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
+    common = ["--residual=norm_gated_ihc", "--eval_interval=10", "--max_iters=10", f"--out_dir={tmp_path}", *TINY]
+    run("train.py", *common)
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    result = run("train.py", *common[:-len(TINY) - 1], f"--out_dir={tmp_path}", *TINY, "--max_iters=50",
+                 "--init_from=resume", "--learning_rate=1e30", "--grad_clip=0.0", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "at iteration 1" in result.stderr and f"the last good checkpoint is {tmp_path / 'ckpt.pt'}" in result.stderr
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["iter_num"] == 10 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+
+
+def test_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
+    common = ["--residual=mhc", "--max_iters=10", "--eval_interval=10", "--warmup_iters=2", *TINY[:4], *TINY[5:]]
+    run("train.py", "--batch_size=12", f"--out_dir={tmp_path / 'one'}", *common)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", "--batch_size=6", f"--out_dir={tmp_path / 'two'}", *common],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("iter 10:") == 1, "only rank 0 prints"
+    one, two = metrics(tmp_path / "one")[-1], metrics(tmp_path / "two")[-1]
+    for key in ("train_loss", "val_loss"):
+        assert abs(one[key] - two[key]) < 1e-4, f"{key}: {one[key]} vs {two[key]}"
+
+
+# --- diagnostics -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+def test_composite_gain_is_one_at_init(name):
+    torch.manual_seed(0)
+    report = GPT(tiny_config(name)).diagnostics(torch.randint(0, 65, (2, 16)))
+    assert abs(report["gain_forward"] - 1) < 1e-5 and abs(report["gain_backward"] - 1) < 1e-5, report
+    assert ("gate_mean" in report) == (name in ("gated_ihc", "norm_gated_ihc", "mean_gated_ihc"))
+
+
+def test_composite_gain_of_the_mix_product():
+    """The gain is computed from the product of the MIX matrices: scale one
+    sublayer's static HC mix by 2 and the forward and backward gains double."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config("hc"))
+    with torch.no_grad():
+        model.transformer.h[1].attn_streams.mix_static.mul_(2.0)
+        model.transformer.h[0].mlp_streams.mix_static.copy_(torch.tensor(
+            [[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]))
+    report = model.diagnostics(torch.randint(0, 65, (2, 16)))
+    assert abs(report["gain_forward"] - 2.0) < 1e-5  # rows of 2 * L sum to 2
+    assert abs(report["gain_backward"] - 3.0) < 1e-5  # column 0 of 2 * L sums to 2 * 1.5

@@ -17,6 +17,7 @@ import math
 import os
 import pickle
 import signal
+import sys
 import time
 from contextlib import nullcontext
 
@@ -215,12 +216,15 @@ def estimate_loss():
     model.eval()
     for i, split in enumerate(("train", "val")):
         generator = torch.Generator().manual_seed(seed + 1 + i)
-        losses = torch.zeros(eval_iters)
+        losses = torch.zeros(eval_iters, device=device)
         for k in range(eval_iters):
             X, Y = get_batch(split, generator)
             with autocast:
                 _, loss = model(X, Y)
-            losses[k] = loss.item()
+            losses[k] = loss
+        if ddp:  # each rank saw its slice of the batches: average into the full-batch loss
+            torch.distributed.all_reduce(losses)  # a sum: gloo has no average
+            losses /= world_size
         out[split] = losses.mean().item()
     X, _ = get_batch("val", torch.Generator().manual_seed(seed + 2))
     with autocast:
@@ -329,8 +333,10 @@ while True:
     lossf = loss.item() * gradient_accumulation_steps
     if not math.isfinite(lossf):  # stop before the update: the weights and the last checkpoint stay good
         last = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was saved yet"
-        fail(f"loss is {lossf} at iteration {iter_num}; stopping without saving ({last}). "
-             f"Try a lower --learning_rate or --dtype=float32")
+        bar.close()
+        print(f"error: loss is {lossf} at iteration {iter_num}; stopped without saving ({last}). "
+              f"Try a lower --learning_rate or --dtype=float32", file=sys.stderr)
+        sys.exit(1)
     if grad_clip != 0.0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

@@ -426,3 +426,16 @@ def test_composite_gain_of_the_mix_product():
     report = model.diagnostics(torch.randint(0, 65, (2, 16)))
     assert abs(report["gain_forward"] - 2.0) < 1e-5  # rows of 2 * L sum to 2
     assert abs(report["gain_backward"] - 3.0) < 1e-5  # column 0 of 2 * L sums to 2 * 1.5
+
+
+def test_hc_gain_grows_while_mhc_stays_near_one(tmp_path):
+    """200 iterations: unconstrained hc with its tanh scales raised to 1.0 reports
+    a composite gain above 1; mhc's products of doubly stochastic matrices keep
+    column sums at 1 (backward gain) and row sums within the Sinkhorn gap."""
+    common = ["--max_iters=200", "--eval_interval=100", *TINY]
+    run("train.py", "--residual=hc", "--alpha_init=1.0", f"--out_dir={tmp_path / 'hc'}", *common)
+    run("train.py", "--residual=mhc", f"--out_dir={tmp_path / 'mhc'}", *common)
+    hc, mhc = metrics(tmp_path / "hc")[-1], metrics(tmp_path / "mhc")[-1]
+    assert hc["gain_forward"] > 1.1 and hc["gain_backward"] > 1.1, hc
+    for key in ("gain_forward", "gain_backward"):
+        assert 0.99 <= mhc[key] <= 1.01, mhc

@@ -84,7 +84,7 @@ def forward(net, x):
 
 
 def random_stream_net(mixers, d, gen, width=8, outputs=2):
-    """A static stream net with the given mixers, identity embedding and random reads, writes, blocks and head."""
+    """A static stream net: the given mixers, identity embedding, random reads, writes, blocks, head."""
     n, L = mixers[0].shape[0], len(mixers)
 
     def randn(*shape):
@@ -268,7 +268,8 @@ def chain_normal_form(As):
     """
     L, n = len(As), As[0].shape[0]
     K = kernel_flags(As)
-    vectors, death = [None] * n, [None] * n  # death m: first layer where the vector is 0
+    # Slot i holds vectors[i], which is 0 from layer death[i] on (L + 1: never).
+    vectors, death = [None] * n, [None] * n
     P, E = [], []
     for l in range(L + 1):
         for m in range(l + 1, L + 2):
@@ -297,18 +298,23 @@ def mhc_to_gated_ihc(net):
 
 
 def random_doubly_stochastic(n, rank, gen):
-    """A random doubly stochastic matrix of the given rank: J + t sum_k u_k v_k^T with zero-sum u_k, v_k.
+    """A random doubly stochastic matrix of the given rank: J + t U diag(sigma) V^T.
 
-    The zero-sum part keeps row and column sums 1; t is scaled so entries stay >= 0.
+    J = ones / n carries the mean; U, V are orthonormal zero-sum columns, so
+    row and column sums stay 1; t is as large as nonnegativity allows, times
+    a random factor in [1/2, 1]. sigma in [1/2, 1] keeps the nonzero singular
+    values away from 0 (generic random ones would make long products, hence
+    P_l, ill conditioned for reasons that have nothing to do with the theory).
     """
     J = torch.full((n, n), 1.0 / n, dtype=DT)
-    M = torch.zeros(n, n, dtype=DT)
-    for _ in range(rank - 1):
-        u, v = torch.randn(2, n, 1, generator=gen, dtype=DT)
-        M += (u - u.mean()) @ (v - v.mean()).T
     if rank == 1:
         return J
-    t = torch.rand(1, generator=gen, dtype=DT).item() * (1.0 / n) / (-M.min().item())
+    # A basis of the zero-sum subspace: I - J has it as its column space.
+    zero_sum = torch.linalg.svd(torch.eye(n, dtype=DT) - J)[0][:, : n - 1]
+    U, V = (zero_sum @ torch.linalg.qr(torch.randn(n - 1, rank - 1, generator=gen, dtype=DT))[0]
+            for _ in range(2))
+    M = U @ torch.diag(0.5 + 0.5 * torch.rand(rank - 1, generator=gen, dtype=DT)) @ V.T
+    t = (0.5 + 0.5 * torch.rand(1, generator=gen, dtype=DT).item()) / (n * -M.min().item())
     return J + t * M
 
 
@@ -317,7 +323,7 @@ def random_doubly_stochastic(n, rank, gen):
 # ---------------------------------------------------------------------------
 
 def norm_gated_form(P, E, c=None):
-    """Section 10: D_l = c_l E_l and Q_l = s_l P_l with s_0 = 1, s_{l+1} = s_l / c_l give A_l Q_l = Q_{l+1} D_l.
+    """Section 10: D_l = c_l E_l, Q_l = s_l P_l, s_0 = 1, s_{l+1} = s_l / c_l give A_l Q_l = Q_{l+1} D_l.
 
     Indeed A_l s_l P_l = s_l P_{l+1} E_l = s_{l+1} P_{l+1} (c_l E_l). The
     default c_l = sqrt(n / k_l) (k_l alive streams) is section 9's RMS-

@@ -1,27 +1,30 @@
 """
 Triton kernels for the three stream ops of residuals.py: Sinkhorn-Knopp, the
-stream read and the fused stream write. Same signatures as the PyTorch versions;
-the model switches with GPTConfig(kernels="triton").
+stream read and the fused stream write, with the same signatures as the PyTorch
+versions. The model switches with GPTConfig(kernels="triton").
 
 What you will learn here (in the spirit of Triton's tutorials 02-fused-softmax
 and 05-layer-norm):
 
   * The stream ops do a few flops per byte, so their speed is memory bandwidth.
-    Eager PyTorch makes several passes over the (B,T,n,C) state (write = post*y,
-    then mix, then add); a kernel makes one: read h and y once, write h' once.
-  * Tiny matrices (n x n, n <= 8) come in batches of B*T. One program handles a
-    3D tile of many of them, (tokens, n, n) or (tokens, n, C-chunk), with n and C
-    padded to powers of two (tl.arange needs them) and masked.
+    Eager PyTorch makes several passes over the (B,T,n,C) state (post * y, then
+    the mix, then the add); a kernel makes one: read h and y once, write h' once.
+  * Many tiny matrices per program: a Sinkhorn program holds a (matrices, n, n)
+    tile, padded to powers of two (tl.arange needs them) and masked.
+  * Unrolling over a small constexpr dimension: the stream kernels loop over the
+    n streams at compile time and keep each stream as its own (tokens, channels)
+    tile, so mixing streams is elementwise arithmetic in registers.
   * Backward through an unrolled loop (20 Sinkhorn iterations) without storing
     any iteration in global memory: recompute the forward on-chip, keep the few
     numbers per step the backward needs in registers, then walk back.
-  * Per-token reductions over C (the gradients of pre, post, mix) are summed in
+  * Per-token reductions over C (the gradients of pre, post, mix) summed in
     float32 inside the kernel that streams the state, in the same single pass.
 
-Every kernel loads in the tensor's dtype and casts to float32 right away; it
-stores in the output's dtype. tests.py checks every output and gradient against
-the PyTorch reference on the CPU in Triton's interpreter (TRITON_INTERPRET=1, set
-before triton is imported); bench.py times them on a GPU.
+Every kernel loads in the tensor's dtype and casts to float32 at once (Triton's
+CPU interpreter also gets bf16 arithmetic wrong); it stores in the output's
+dtype. The tests check every output and gradient against the PyTorch reference
+on the CPU in that interpreter (TRITON_INTERPRET=1, set before triton is
+imported), and compile every kernel for sm_90; the benchmark times them on a GPU.
 
 Dimension legend: B batch, T time, n streams, C channels per stream, N = B*T
 tokens (or matrices); NP = n padded to a power of two.
@@ -49,46 +52,6 @@ def check_triton_available(device="cuda"):
 
 
 # -----------------------------------------------------------------------------
-# Tiles. Every kernel works on blocks of tokens (or matrices) t, (BLOCK,), and
-# addresses four kinds of per-token data, all contiguous. n and C are padded to
-# powers of two (tl.arange needs them); the masks cut the padding off.
-
-
-@triton.jit
-def _state_tile(t, c, N, C, n: tl.constexpr, NP: tl.constexpr):
-    """(BLOCK, NP, BLOCK_C) offsets and mask into a (N, n, C) tensor, channels c."""
-    t = t.to(tl.int64)[:, None, None]  # N*n*C can pass 2^31
-    i = tl.arange(0, NP)[None, :, None]
-    c = c[None, None, :]
-    return (t * n + i) * C + c, (t < N) & (i < n) & (c < C)
-
-
-@triton.jit
-def _row_tile(t, c, N, C):
-    """(BLOCK, BLOCK_C) offsets and mask into a (N, C) tensor, channels c."""
-    t = t.to(tl.int64)[:, None]
-    c = c[None, :]
-    return t * C + c, (t < N) & (c < C)
-
-
-@triton.jit
-def _vector_tile(t, N, n: tl.constexpr, NP: tl.constexpr):
-    """(BLOCK, NP) offsets and mask into a (N, n) tensor."""
-    t = t.to(tl.int64)[:, None]
-    i = tl.arange(0, NP)[None, :]
-    return t * n + i, (t < N) & (i < n)
-
-
-@triton.jit
-def _matrix_tile(t, N, n: tl.constexpr, NP: tl.constexpr):
-    """(BLOCK, NP, NP) offsets and mask into a (N, n, n) tensor."""
-    t = t.to(tl.int64)[:, None, None]
-    i = tl.arange(0, NP)
-    rows, cols = i[None, :, None], i[None, None, :]
-    return (t * n + rows) * n + cols, (t < N) & (rows < n) & (cols < n)
-
-
-# -----------------------------------------------------------------------------
 # Sinkhorn-Knopp
 #
 # The spec: M = exp(L), then `iters` times divide each row by its sum and each
@@ -105,7 +68,9 @@ sinkhorn_reference = residuals.sinkhorn_reference  # (..., n, n) -> float32, log
 # is the sums: 2 * (iters - 1) vectors of n per matrix. Nothing per step goes to
 # global memory: the backward kernel recomputes the forward (cheap: n*n flops per
 # step) and holds the sums in registers (38 vectors at iters = 20; the loops are
-# unrolled at compile time, so each sum is its own register value). Iteration 1:
+# unrolled at compile time, so each sum is its own register value). The cost: the
+# backward kernel does about twice the forward's arithmetic after redoing the
+# forward, and its memory traffic is logits and grad in, d logits out. Iteration 1:
 #     K = softmax over columns of A:  dA = K * (dK - sum_col(K * dK))
 #     A = log_softmax over rows of L: dL = dA - exp(A) * sum_row(dA)
 
@@ -116,11 +81,14 @@ def _sinkhorn_load(ptr, N, n: tl.constexpr, NP: tl.constexpr, BLOCK_M: tl.conste
     an identity block (0 on the diagonal, -inf elsewhere in the log domain): it is
     doubly stochastic, never mixes with the real block, and keeps every sum > 0.
     Matrices past N are all padding. Returns the tile, its offsets and mask."""
-    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) matrix index
-    offsets, mask = _matrix_tile(m, N, n, NP)
-    L = tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # matrix index
+    m = m.to(tl.int64)[:, None, None]  # (BLOCK_M, 1, 1)
     i = tl.arange(0, NP)
-    return tl.where(mask, L, tl.where(i[:, None] == i[None, :], 0.0, -float("inf"))), offsets, mask
+    rows, cols = i[None, :, None], i[None, None, :]  # (1, NP, 1), (1, 1, NP)
+    offsets = (m * n + rows) * n + cols  # (BLOCK_M, NP, NP)
+    mask = (m < N) & (rows < n) & (cols < n)
+    L = tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    return tl.where(mask, L, tl.where(rows == cols, 0.0, -float("inf"))), offsets, mask
 
 
 @triton.jit
@@ -130,7 +98,7 @@ def _sinkhorn_iterate(L, ITERS: tl.constexpr):
     A = L - tl.max(L, axis=2)[:, :, None]
     A = A - tl.log(tl.sum(tl.exp(A), axis=2))[:, :, None]  # rows, log domain
     M = tl.exp(A - tl.max(A, axis=1)[:, None, :])
-    M = M * (1.0 / tl.sum(M, axis=1))[:, None, :]  # columns: the max entry is 1, sums in [1, n]
+    M = M * (1.0 / tl.sum(M, axis=1))[:, None, :]  # columns: each holds a 1, sums in [1, n]
     row_sums = ()
     col_sums = ()
     for _ in tl.static_range(ITERS - 1):
@@ -231,23 +199,75 @@ def sinkhorn(logits, iters=20):
 
 
 # -----------------------------------------------------------------------------
-# Stream read and write: tiles of (BLOCK_T tokens, NP streams, BLOCK_C channels).
+# Stream read and write.
 #
-# Forward kernels are elementwise over C, so they use a 2D grid over (token
-# blocks, C blocks). Backward kernels also reduce over C (the coefficient
-# gradients), so each program owns whole tokens and loops over C in chunks,
-# summing in float32: still one pass over the state.
+# A program owns BLOCK_T tokens x BLOCK_C channels and holds each of the n streams
+# as its own (BLOCK_T, BLOCK_C) tile: n is a constexpr, the loops over streams
+# unroll at compile time, and every tile shares one register layout, so mixing
+# streams is plain elementwise arithmetic (no shuffles, no shared memory) and
+# each element is loaded once with 16-byte vector loads. Coefficients (pre, post,
+# mix) are (BLOCK_T,) vectors, one value per token, broadcast along C.
+#
+# Forward kernels are elementwise over C: a 2D grid over (token blocks, C blocks).
+# Backward kernels also reduce over C (the coefficient gradients), so a program
+# owns whole tokens and loops over C in chunks, summing in float32: still one
+# pass over the state, and no second kernel to add up partial sums.
 
-STREAM_BLOCK_C = 256  # channels per chunk: 512-byte rows in bf16, 16-byte loads per thread
-STREAM_TILE = 2048  # elements of a (BLOCK_T, NP, BLOCK_C) tile: 16 per thread at 4 warps
+STREAM_BLOCK_C = 256  # channels per tile: 512-byte rows in bf16
+STREAM_TILE = 4096  # state elements per program, BLOCK_T * n * BLOCK_C: at n = 4 and 4 warps,
+# each thread holds 8 elements (one 16-byte bf16 load) of each stream
 
 
 def _stream_shape(h):
-    """N, n, C and the constexprs NP, BLOCK_T, BLOCK_C for a (..., n, C) state."""
+    """N, n, C and the block sizes for a (..., n, C) state."""
     n, C = h.shape[-2:]
-    NP = triton.next_power_of_2(n)
     BLOCK_C = min(STREAM_BLOCK_C, triton.next_power_of_2(C))
-    return h.numel() // (n * C), n, C, dict(NP=NP, BLOCK_T=max(1, STREAM_TILE // (NP * BLOCK_C)), BLOCK_C=BLOCK_C)
+    BLOCK_T = max(1, STREAM_TILE // (triton.next_power_of_2(n) * BLOCK_C))
+    return h.numel() // (n * C), n, C, dict(BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)
+
+
+@triton.jit
+def _tokens(t, c, N, C, n: tl.constexpr):
+    """For tokens t (BLOCK_T,) and channels c (BLOCK_C,): offsets of stream 0 in a
+    (N, n, C) state (stream j is j*C further), offsets in a (N, C) tensor, and
+    their mask, all (BLOCK_T, BLOCK_C)."""
+    t = t.to(tl.int64)[:, None]  # N*n*C can pass 2^31
+    c = c[None, :]
+    return t * (n * C) + c, t * C + c, (t < N) & (c < C)
+
+
+@triton.jit
+def _load_streams(ptr, offsets, mask, C, n: tl.constexpr):
+    """The n streams at `offsets` (stream 0) as a tuple of (BLOCK_T, BLOCK_C) float32 tiles."""
+    streams = ()
+    for j in tl.static_range(n):
+        streams += (tl.load(ptr + offsets + j * C, mask=mask, other=0.0).to(tl.float32),)
+    return streams
+
+
+@triton.jit
+def _load_coefs(ptr, t, N, K: tl.constexpr):
+    """K float32 coefficients per token from a (N, K) tensor: a tuple of K (BLOCK_T,) vectors."""
+    coefs = ()
+    for k in tl.static_range(K):
+        coefs += (tl.load(ptr + t.to(tl.int64) * K + k, mask=t < N, other=0.0).to(tl.float32),)
+    return coefs
+
+
+@triton.jit
+def _store_coefs(ptr, t, N, coefs):
+    """Store a tuple of K (BLOCK_T,) vectors into a (N, K) tensor, in its dtype."""
+    for k in tl.static_range(len(coefs)):
+        tl.store(ptr + t.to(tl.int64) * len(coefs) + k, coefs[k].to(ptr.dtype.element_ty), mask=t < N)
+
+
+@triton.jit
+def _zeros(BLOCK_T: tl.constexpr, K: tl.constexpr):
+    """K float32 accumulators of shape (BLOCK_T,)."""
+    acc = ()
+    for _ in tl.static_range(K):
+        acc += (tl.zeros((BLOCK_T,), dtype=tl.float32),)
+    return acc
 
 
 # Stream read. x_c = sum_i pre_i h_ic, so dh_ic = pre_i dx_c and dpre_i = sum_c h_ic dx_c.
@@ -263,18 +283,16 @@ def _stream_read_fwd_kernel(
     pre_ptr,  # (N, n) read weights
     x_ptr,  # (N, C) output, h's dtype
     N, C,  # tokens, channels
-    n: tl.constexpr, NP: tl.constexpr,  # streams; padded to a power of two
+    n: tl.constexpr,  # streams
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,  # tokens and channels per program
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    state, state_mask = _state_tile(t, c, N, C, n, NP)
-    row, row_mask = _row_tile(t, c, N, C)
-    vec, vec_mask = _vector_tile(t, N, n, NP)
-    h = tl.load(h_ptr + state, mask=state_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, BLOCK_C)
-    pre = tl.load(pre_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP)
-    x = tl.sum(pre[:, :, None] * h, axis=1)  # (BLOCK_T, BLOCK_C)
-    tl.store(x_ptr + row, x.to(x_ptr.dtype.element_ty), mask=row_mask)
+    state, row, mask = _tokens(t, tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C), N, C, n)
+    pre = _load_coefs(pre_ptr, t, N, n)
+    x = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+    for i in tl.static_range(n):
+        x += pre[i][:, None] * tl.load(h_ptr + state + i * C, mask=mask, other=0.0).to(tl.float32)
+    tl.store(x_ptr + row, x.to(x_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -285,22 +303,22 @@ def _stream_read_bwd_kernel(
     dh_ptr,  # (N, n, C) d loss / d h, h's dtype
     dpre_ptr,  # (N, n) d loss / d pre, pre's dtype
     N, C,  # tokens, channels
-    n: tl.constexpr, NP: tl.constexpr,  # streams; padded to a power of two
+    n: tl.constexpr,  # streams
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,  # tokens per program, channels per chunk
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    vec, vec_mask = _vector_tile(t, N, n, NP)
-    pre = tl.load(pre_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)[:, :, None]  # (BLOCK_T, NP, 1)
-    dpre = tl.zeros((BLOCK_T, NP), dtype=tl.float32)
+    pre = _load_coefs(pre_ptr, t, N, n)
+    dpre = _zeros(BLOCK_T, n)
     for c0 in range(0, C, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)
-        state, state_mask = _state_tile(t, c, N, C, n, NP)
-        row, row_mask = _row_tile(t, c, N, C)
-        h = tl.load(h_ptr + state, mask=state_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, BLOCK_C)
-        dx = tl.load(dx_ptr + row, mask=row_mask, other=0.0).to(tl.float32)[:, None, :]  # (BLOCK_T, 1, BLOCK_C)
-        tl.store(dh_ptr + state, (pre * dx).to(dh_ptr.dtype.element_ty), mask=state_mask)
-        dpre += tl.sum(h * dx, axis=2)
-    tl.store(dpre_ptr + vec, dpre.to(dpre_ptr.dtype.element_ty), mask=vec_mask)
+        state, row, mask = _tokens(t, c0 + tl.arange(0, BLOCK_C), N, C, n)
+        dx = tl.load(dx_ptr + row, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_T, BLOCK_C)
+        summed = ()
+        for i in tl.static_range(n):  # dh_i = pre_i dx, dpre_i += sum_c h_i dx
+            tl.store(dh_ptr + state + i * C, (pre[i][:, None] * dx).to(dh_ptr.dtype.element_ty), mask=mask)
+            h = tl.load(h_ptr + state + i * C, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_T, BLOCK_C)
+            summed += (dpre[i] + tl.sum(h * dx, axis=1),)
+        dpre = summed
+    _store_coefs(dpre_ptr, t, N, dpre)
 
 
 class _StreamRead(torch.autograd.Function):
@@ -330,11 +348,11 @@ def stream_read(h, pre):
     return _StreamRead.apply(h, pre)
 
 
-# Stream write. out_ic = sum_j mix_ij h_jc + post_i y_c (full mix; diagonal:
-# mix_i h_ic; identity: h_ic). With g = d loss / d out:
-#     dh_jc = sum_i mix_ij g_ic     (diagonal: mix_j g_jc; identity: g itself)
-#     dmix_ij = sum_c g_ic h_jc     (diagonal: sum_c g_ic h_ic)
-#     dpost_i = sum_c g_ic y_c,     dy_c = sum_i post_i g_ic
+# Stream write. out_i = sum_j mix_ij h_j + post_i y (full mix; diagonal: mix_i h_i;
+# identity: h_i), each a row of C. With g = d loss / d out:
+#     dh_j = sum_i mix_ij g_i     (diagonal: mix_j g_j; identity: g itself)
+#     dmix_ij = sum_c g_ic h_jc   (diagonal: sum_c g_ic h_ic)
+#     dpost_i = sum_c g_ic y_c,   dy = sum_i post_i g_i
 # Bytes per token (s bytes per state element, coefficients float32, full mix):
 # the forward reads (n+1)*C*s + 4(n*n + n) and writes n*C*s; the backward reads
 # (2n+1)*C*s + 4(n*n + n) and writes (n+1)*C*s + 4(n*n + n). With the identity
@@ -353,26 +371,29 @@ def _stream_write_fwd_kernel(
     y_ptr,  # (N, C) sublayer output
     out_ptr,  # (N, n, C) new state, h's dtype
     N, C,  # tokens, channels
-    n: tl.constexpr, NP: tl.constexpr,  # streams; padded to a power of two
+    n: tl.constexpr,  # streams
     MIX: tl.constexpr,  # MIX_IDENTITY (0), MIX_DIAGONAL (1) or MIX_FULL (2)
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,  # tokens and channels per program
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    state, state_mask = _state_tile(t, c, N, C, n, NP)
-    row, row_mask = _row_tile(t, c, N, C)
-    vec, vec_mask = _vector_tile(t, N, n, NP)
-    h = tl.load(h_ptr + state, mask=state_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, BLOCK_C)
-    y = tl.load(y_ptr + row, mask=row_mask, other=0.0).to(tl.float32)  # (BLOCK_T, BLOCK_C)
-    post = tl.load(post_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP)
-    if MIX == 2:
-        mat, mat_mask = _matrix_tile(t, N, n, NP)
-        mix = tl.load(mix_ptr + mat, mask=mat_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, NP)
-        h = tl.sum(mix[:, :, :, None] * h[:, None, :, :], axis=2)  # (BLOCK_T, NP(i), NP(j), BLOCK_C), sum over j
-    elif MIX == 1:
-        h *= tl.load(mix_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)[:, :, None]
-    out = h + post[:, :, None] * y[:, None, :]
-    tl.store(out_ptr + state, out.to(out_ptr.dtype.element_ty), mask=state_mask)
+    state, row, mask = _tokens(t, tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C), N, C, n)
+    y = tl.load(y_ptr + row, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_T, BLOCK_C)
+    h = _load_streams(h_ptr, state, mask, C, n)
+    post = _load_coefs(post_ptr, t, N, n)
+    if MIX == 2:  # MIX_FULL
+        mix = _load_coefs(mix_ptr, t, N, n * n)  # mix_ij is mix[i * n + j]
+    elif MIX == 1:  # MIX_DIAGONAL
+        mix = _load_coefs(mix_ptr, t, N, n)
+    for i in tl.static_range(n):
+        out = post[i][:, None] * y
+        if MIX == 2:  # MIX_FULL
+            for j in tl.static_range(n):
+                out += mix[i * n + j][:, None] * h[j]
+        elif MIX == 1:  # MIX_DIAGONAL
+            out += mix[i][:, None] * h[i]
+        else:
+            out += h[i]
+        tl.store(out_ptr + state + i * C, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -387,43 +408,51 @@ def _stream_write_bwd_kernel(
     dpost_ptr,  # (N, n) d loss / d post, post's dtype
     dy_ptr,  # (N, C) d loss / d y, y's dtype
     N, C,  # tokens, channels
-    n: tl.constexpr, NP: tl.constexpr,  # streams; padded to a power of two
+    n: tl.constexpr,  # streams
     MIX: tl.constexpr,  # MIX_IDENTITY (0), MIX_DIAGONAL (1) or MIX_FULL (2)
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,  # tokens per program, channels per chunk
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    vec, vec_mask = _vector_tile(t, N, n, NP)
-    post = tl.load(post_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)[:, :, None]  # (BLOCK_T, NP, 1)
-    dpost = tl.zeros((BLOCK_T, NP), dtype=tl.float32)
-    if MIX == 2:
-        mat, mat_mask = _matrix_tile(t, N, n, NP)
-        mix = tl.load(mix_ptr + mat, mask=mat_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, NP)
-        dmix = tl.zeros((BLOCK_T, NP, NP), dtype=tl.float32)
-    elif MIX == 1:
-        mix = tl.load(mix_ptr + vec, mask=vec_mask, other=0.0).to(tl.float32)[:, :, None]  # (BLOCK_T, NP, 1)
-        dmix = tl.zeros((BLOCK_T, NP), dtype=tl.float32)
+    post = _load_coefs(post_ptr, t, N, n)
+    dpost = _zeros(BLOCK_T, n)
+    if MIX == 2:  # MIX_FULL
+        mix = _load_coefs(mix_ptr, t, N, n * n)  # mix_ij is mix[i * n + j]
+        dmix = _zeros(BLOCK_T, n * n)
+    elif MIX == 1:  # MIX_DIAGONAL
+        mix = _load_coefs(mix_ptr, t, N, n)
+        dmix = _zeros(BLOCK_T, n)
     for c0 in range(0, C, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)
-        state, state_mask = _state_tile(t, c, N, C, n, NP)
-        row, row_mask = _row_tile(t, c, N, C)
-        g = tl.load(g_ptr + state, mask=state_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, BLOCK_C)
-        y = tl.load(y_ptr + row, mask=row_mask, other=0.0).to(tl.float32)[:, None, :]  # (BLOCK_T, 1, BLOCK_C)
-        tl.store(dy_ptr + row, tl.sum(post * g, axis=1).to(dy_ptr.dtype.element_ty), mask=row_mask)
-        dpost += tl.sum(g * y, axis=2)
-        if MIX != 0:
-            h = tl.load(h_ptr + state, mask=state_mask, other=0.0).to(tl.float32)  # (BLOCK_T, NP, BLOCK_C)
-            if MIX == 2:
-                dh = tl.sum(mix[:, :, :, None] * g[:, :, None, :], axis=1)  # (BLOCK_T, NP(i), NP(j), BLOCK_C), sum over i
-                dmix += tl.sum(g[:, :, None, :] * h[:, None, :, :], axis=3)  # same shape, sum over c
-            else:
-                dh = mix * g
-                dmix += tl.sum(g * h, axis=2)
-            tl.store(dh_ptr + state, dh.to(dh_ptr.dtype.element_ty), mask=state_mask)
-    tl.store(dpost_ptr + vec, dpost.to(dpost_ptr.dtype.element_ty), mask=vec_mask)
-    if MIX == 2:
-        tl.store(dmix_ptr + mat, dmix.to(dmix_ptr.dtype.element_ty), mask=mat_mask)
-    elif MIX == 1:
-        tl.store(dmix_ptr + vec, dmix.to(dmix_ptr.dtype.element_ty), mask=vec_mask)
+        state, row, mask = _tokens(t, c0 + tl.arange(0, BLOCK_C), N, C, n)
+        y = tl.load(y_ptr + row, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_T, BLOCK_C)
+        g = _load_streams(g_ptr, state, mask, C, n)
+        dy = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+        summed = ()
+        for i in tl.static_range(n):  # dy = sum_i post_i g_i, dpost_i += sum_c g_i y
+            dy += post[i][:, None] * g[i]
+            summed += (dpost[i] + tl.sum(g[i] * y, axis=1),)
+        dpost = summed
+        tl.store(dy_ptr + row, dy.to(dy_ptr.dtype.element_ty), mask=mask)
+        if MIX != 0:  # not MIX_IDENTITY
+            for j in tl.static_range(n):  # dh_j = sum_i mix_ij g_i
+                if MIX == 2:  # MIX_FULL
+                    dh = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+                    for i in tl.static_range(n):
+                        dh += mix[i * n + j][:, None] * g[i]
+                else:
+                    dh = mix[j][:, None] * g[j]
+                tl.store(dh_ptr + state + j * C, dh.to(dh_ptr.dtype.element_ty), mask=mask)
+            h = _load_streams(h_ptr, state, mask, C, n)
+            summed = ()
+            for i in tl.static_range(n):  # dmix_ij += sum_c g_i h_j
+                if MIX == 2:  # MIX_FULL
+                    for j in tl.static_range(n):
+                        summed += (dmix[i * n + j] + tl.sum(g[i] * h[j], axis=1),)
+                else:
+                    summed += (dmix[i] + tl.sum(g[i] * h[i], axis=1),)
+            dmix = summed
+    _store_coefs(dpost_ptr, t, N, dpost)
+    if MIX != 0:  # not MIX_IDENTITY
+        _store_coefs(dmix_ptr, t, N, dmix)
 
 
 class _StreamWrite(torch.autograd.Function):

@@ -59,6 +59,7 @@ def stream_ops(name):
     """The one switch between the PyTorch stream ops and the Triton kernels."""
     if name == "triton":
         import kernels  # imported only when asked for: it needs triton
+        kernels.check_triton_available()  # RuntimeError with the reason, never a silent fallback
         return kernels
     return residuals
 

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from configurator import config_keys, configure, fail
-from model import GPT, GPTConfig, check_config
+from model import GPT, GPTConfig, check_config, stream_ops
 from prepare import DATA_DIR, DATASETS, prepare_dataset
 from residuals import TOPOLOGIES
 
@@ -144,12 +144,10 @@ try:
     check_config(GPTConfig(**model_args))
 except ValueError as e:
     fail(str(e))
-if kernels == "triton":
-    import kernels as triton_kernels
-    try:
-        triton_kernels.check_triton_available()
-    except RuntimeError as e:
-        fail(f"--kernels=triton: {e}")
+try:
+    stream_ops(kernels)
+except RuntimeError as e:
+    fail(f"--kernels=triton: {e}")
 if master:  # an unwritable out_dir is found now, not at the first checkpoint
     try:
         os.makedirs(out_dir, exist_ok=True)

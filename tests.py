@@ -439,3 +439,19 @@ def test_hc_gain_grows_while_mhc_stays_near_one(tmp_path):
     assert hc["gain_forward"] > 1.1 and hc["gain_backward"] > 1.1, hc
     for key in ("gain_forward", "gain_backward"):
         assert 0.99 <= mhc[key] <= 1.01, mhc
+
+
+@pytest.mark.parametrize("name", ["mhc", "norm_gated_ihc"])
+def test_training_with_triton_kernels_matches_torch(name, tmp_path):
+    """A few iterations through the Triton kernels (in the interpreter) give the
+    losses of the PyTorch path."""
+    common = [f"--residual={name}", "--max_iters=4", "--eval_interval=2", "--eval_iters=1", "--batch_size=2",
+              "--block_size=16", *TINY[:3], "--device=cpu", "--progress=False", "--warmup_iters=1"]
+    run("train.py", "--kernels=torch", f"--out_dir={tmp_path / 'torch'}", *common)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "train.py", "--kernels=triton", f"--out_dir={tmp_path / 'triton'}",
+                             *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for a, b in zip(metrics(tmp_path / "torch"), metrics(tmp_path / "triton"), strict=True):
+        for key in ("train_loss", "val_loss"):
+            assert abs(a[key] - b[key]) < 1e-4, f"iter {a['iter']} {key}: torch {a[key]} vs triton {b[key]}"

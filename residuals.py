@@ -32,16 +32,103 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 # -----------------------------------------------------------------------------
 # The three stream ops, in PyTorch. kernels.py has Triton versions with the same
 # signatures; the model reaches them through one switch (GPTConfig.kernels).
+#
+# Per token the maths is tiny: (1,n) @ (n,C) to read, (n,n) @ (n,C) to mix. On
+# a CPU the time goes into passes over the n-times-wider state (B,T,n,C), above
+# all into ops that write a new tensor that wide. So the read and the write are
+# autograd.Functions with the backward written out: autograd's own backward of
+# `(pre * h).sum(-2)` forms the (B,T,n,C) product again and sums it, once per
+# input. Every sum over n, and over c where the result is small, is a batched
+# matmul (torch.bmm, one small gemm per token), which writes nothing as wide as
+# the state it reads.
+
+
+def _tokens(t, *matrix):
+    """t as a batch of per-token matrices (BT, *matrix) for bmm. bmm copies, token by
+    token, any matrix without a unit stride (an expand()ed h, a transposed
+    Sinkhorn output): one contiguous copy is far cheaper."""
+    return t.contiguous().view(-1, *matrix)
+
+
+class _StreamRead(torch.autograd.Function):
+    """x_c = sum_i pre_i h_ic, so dh_ic = pre_i dx_c and dpre_i = sum_c h_ic dx_c."""
+
+    @staticmethod
+    def forward(ctx, h, pre):
+        n, C = h.shape[-2:]
+        x = torch.bmm(_tokens(pre.to(h.dtype), 1, n), _tokens(h, n, C))  # (BT,1,n) @ (BT,n,C)
+        ctx.save_for_backward(h, pre)
+        return x.view(h.shape[:-2] + (C,))  # (B,T,C)
+
+    @staticmethod
+    def backward(ctx, dx):
+        h, pre = ctx.saved_tensors
+        n, C = h.shape[-2:]
+        dh = dpre = None
+        if ctx.needs_input_grad[0]:
+            dh = pre.unsqueeze(-1).to(dx.dtype) * dx.unsqueeze(-2)  # (B,T,n,1) * (B,T,1,C)
+        if ctx.needs_input_grad[1]:
+            dpre = torch.bmm(_tokens(dx.to(h.dtype), 1, C), _tokens(h, n, C).transpose(1, 2))  # (BT,1,C) @ (BT,C,n)
+            dpre = dpre.view(pre.shape)
+        return dh, dpre
 
 
 def stream_read(h, pre):
     """x[..., c] = sum_i pre[..., i] * h[..., i, c]. h (B,T,n,C), pre (B,T,n) -> (B,T,C)"""
-    return (pre.unsqueeze(-2).to(h.dtype) @ h).squeeze(-2)  # (B,T,1,n) @ (B,T,n,C)
+    return _StreamRead.apply(h, pre)
+
+
+class _StreamWrite(torch.autograd.Function):
+    """out_i = sum_j mix_ij h_j + post_i y (diagonal: mix_i h_i; identity: h_i). With
+    g = d loss / d out:  dh_j = sum_i mix_ij g_i (diagonal: mix_j g_j; identity: g),
+    dmix_ij = sum_c g_ic h_jc (diagonal: sum_c g_ic h_ic), dpost_i = sum_c g_ic y_c,
+    dy = sum_i post_i g_i."""
+
+    @staticmethod
+    def forward(ctx, h, mix, post, y):
+        n, C = h.shape[-2:]
+        ctx.full = mix is not None and mix.dim() == h.dim()
+        post = post.unsqueeze(-1).to(y.dtype)  # (B,T,n,1)
+        if mix is None:
+            out = torch.addcmul(h, post, y.unsqueeze(-2))  # h + post * y: (B,T,n,C) in h's and y's promoted dtype
+        elif not ctx.full:  # diagonal gate
+            out = h * mix.unsqueeze(-1).to(h.dtype)
+            out.addcmul_(post, y.unsqueeze(-2))
+        else:
+            dtype = torch.promote_types(h.dtype, y.dtype)  # as above; not autocast's bf16: the state keeps its dtype
+            with torch.autocast(h.device.type, enabled=False):
+                write = _tokens((post * y.unsqueeze(-2)).to(dtype), n, C)
+                out = torch.baddbmm(write, _tokens(mix.to(dtype), n, n), _tokens(h.to(dtype), n, C)).view(h.shape)
+        ctx.save_for_backward(None if mix is None else h, mix, post, y)  # the identity needs no h
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        h, mix, post, y = ctx.saved_tensors
+        n, C = g.shape[-2:]
+        dh = dmix = dpost = dy = None
+        if ctx.needs_input_grad[0]:
+            if mix is None:
+                dh = g
+            elif not ctx.full:
+                dh = g * mix.unsqueeze(-1).to(g.dtype)
+            else:  # (BT,n,n)^T @ (BT,n,C)
+                dh = torch.bmm(_tokens(mix.to(g.dtype), n, n).transpose(1, 2), _tokens(g, n, C)).view(g.shape)
+        if ctx.needs_input_grad[1]:
+            dmix = torch.bmm(_tokens(g, n, C), _tokens(h.to(g.dtype), n, C).transpose(1, 2))  # (BT,n,C) @ (BT,C,n)
+            # a gate needs only the diagonal; the small n x n product is still cheaper
+            # than forming g * h, as wide as the state, and summing it
+            dmix = (dmix if ctx.full else dmix.diagonal(dim1=1, dim2=2)).reshape(mix.shape)
+        if ctx.needs_input_grad[2]:
+            dpost = torch.bmm(_tokens(y.to(g.dtype), 1, C), _tokens(g, n, C).transpose(1, 2))  # (BT,1,C) @ (BT,C,n)
+            dpost = dpost.view(post.shape[:-1])
+        if ctx.needs_input_grad[3]:
+            dy = torch.bmm(_tokens(post.to(g.dtype), 1, n), _tokens(g, n, C)).view(y.shape)  # (BT,1,n) @ (BT,n,C)
+        return dh, dmix, dpost, dy
 
 
 def stream_write(h, mix, post, y):
@@ -50,12 +137,7 @@ def stream_write(h, mix, post, y):
     mix is a full (B,T,n,n) matrix (hc, mhc, mhc_lite, mean_gated_ihc), a (B,T,n)
     diagonal gate (gated_ihc, norm_gated_ihc), or None for the identity (ihc).
     """
-    write = post.unsqueeze(-1).to(y.dtype) * y.unsqueeze(-2)  # (B,T,n,1) * (B,T,1,C)
-    if mix is None:
-        return h + write
-    if mix.dim() == h.dim() - 1:  # diagonal gate
-        return torch.addcmul(write, mix.unsqueeze(-1).to(h.dtype), h)
-    return torch.baddbmm(write.flatten(0, 1), mix.to(h.dtype).flatten(0, 1), h.flatten(0, 1)).view(h.shape)
+    return _StreamWrite.apply(h, mix, post, y)
 
 
 # -----------------------------------------------------------------------------
@@ -76,50 +158,62 @@ def sinkhorn_reference(logits, iters=20):
 
 
 class _Sinkhorn(torch.autograd.Function):
-    """The same iterations, fast: one log-domain iteration, then plain divisions.
+    """The same 2 * iters normalization steps, fast: the first row and column steps
+    in the log domain, the rest as plain divisions.
 
-    After the first row-then-column step in the log domain, every row sum lies in
-    [1/n^2, n] and every column sum in [1/n, n] for the rest of the iterations
-    (each row and column then holds an entry >= 1/n^2), so the remaining steps can
-    divide by sums without ever forming 0/0, whatever the logits were.
+    After the first row-then-column step every row sum lies in [1/n^2, n] and
+    every column sum in [1/n, n] for the rest of the iterations (each row and
+    column then holds an entry >= 1/n^2), so the remaining steps can divide by
+    sums without ever forming 0/0, whatever the logits were.
 
     The matrices are laid out (n, n, tokens): a sum over a row or a column is then
     n vector adds over the tokens, several times faster on a CPU than n-long
-    reductions over the last dim of (tokens, n, n).
+    reductions over the last dim of (tokens, n, n). Every op is on the whole
+    batch; there are ~4 per iteration forward and ~6 backward, so the count of ops
+    (not their size) sets the cost.
 
-    The backward is the exact gradient of the unrolled iterations, done in one
-    node instead of ~200 tiny autograd nodes. For y = x / s with s = sum(x) along
-    a dim: dx = (dy - sum(dy * y)) / s. Only the sums s are saved (n per matrix
-    per step); each step's input is rebuilt as x = y * s on the way back.
+    Backward: the exact gradient of the unrolled steps, in one node instead of
+    ~200 tiny autograd nodes. Step k maps x to y = x / s, s = sum(x) along a dim
+    (in the log domain too: y = exp(log x - logsumexp(log x))). Its backward is
+    dx = (dy - sum(dy y)) / s, and in terms of W = dy * y (the gradient of
+    log y) it is one line with no division:
+        W_{k-1} = dx * x = (dy - sum(dy y)) * y = W_k - sum(W_k) * y.
+    At step 0 W is the gradient of the logits. So the backward carries W and
+    needs each step's output y = M_k, rebuilt on the way back from the final M as
+    M_{k-1} = M_k * s_k: only the sums s_k are saved (n per matrix per step).
     """
 
     @staticmethod
     def forward(ctx, logits, iters):
         dtype = torch.promote_types(logits.dtype, torch.float32)
         L = logits.movedim((-2, -1), (0, 1)).to(dtype).contiguous()  # (n, n, ...): rows, columns, tokens
-        log_rows = L.log_softmax(1)  # iteration 1, rows
-        M = (log_rows - log_rows.logsumexp(0, keepdim=True)).exp()  # iteration 1, columns
-        sums = []
-        for _ in range(iters - 1):
-            sums.append(M.sum(1, keepdim=True))  # row sums (n, 1, ...)
-            M = M / sums[-1]
-            sums.append(M.sum(0, keepdim=True))  # column sums (1, n, ...)
-            M = M / sums[-1]
-        ctx.save_for_backward(log_rows, M, *sums)
+        n, tokens = L.shape[0], L.shape[2:]
+        col_sums = L.new_empty((iters, 1, n) + tokens)  # s of each column step
+        row_sums = L.new_empty((iters - 1, n, 1) + tokens)  # s of each row step but the first
+        cols, rows = col_sums.unbind(0), row_sums.unbind(0)  # views made once: indexing costs an op
+        R = L.log_softmax(1)  # iteration 0, rows, in the log domain
+        torch.sum(R.exp(), 0, keepdim=True, out=cols[0])  # in [0, n] as exp(R) <= 1; only ever multiplied by
+        M = R.log_softmax(0).exp_()  # iteration 0, columns, in the log domain: a column of tiny entries stays finite
+        for it in range(1, iters):
+            M.div_(torch.sum(M, 1, keepdim=True, out=rows[it - 1]))
+            M.div_(torch.sum(M, 0, keepdim=True, out=cols[it]))
+        ctx.save_for_backward(M, col_sums, row_sums)
         return M.movedim((0, 1), (-2, -1))
 
     @staticmethod
     def backward(ctx, grad):
-        log_rows, M, *sums = ctx.saved_tensors
-        G = grad.movedim((-2, -1), (0, 1)).to(M.dtype)
-        for step in reversed(range(len(sums))):
-            dim = 1 if step % 2 == 0 else 0  # even steps normalized rows, odd ones columns
-            G = (G - (G * M).sum(dim, keepdim=True)) / sums[step]
-            M = M * sums[step]
-        G = G * M  # through exp: M is now the output of iteration 1
-        G = G - M * G.sum(0, keepdim=True)  # through the column log-normalization
-        G = G - log_rows.exp() * G.sum(1, keepdim=True)  # through log_softmax of rows
-        return G.movedim((0, 1), (-2, -1)), None
+        M, col_sums, row_sums = ctx.saved_tensors
+        cols, rows = col_sums.unbind(0), row_sums.unbind(0)
+        W = M * grad.movedim((-2, -1), (0, 1)).to(M.dtype)  # (n, n, ...) like M: the gradient of log M
+        M = M.clone()  # rebuilt in place below, back to the first iteration
+        col_sum, row_sum = torch.empty_like(cols[0]), torch.empty_like(M[:, :1])
+        for it in reversed(range(len(cols))):
+            W.addcmul_(torch.sum(W, 0, keepdim=True, out=col_sum), M, value=-1.0)  # column step: W -= sum(W) * M
+            M.mul_(cols[it])  # M before the column step
+            W.addcmul_(torch.sum(W, 1, keepdim=True, out=row_sum), M, value=-1.0)  # row step
+            if it > 0:
+                M.mul_(rows[it - 1])
+        return W.movedim((0, 1), (-2, -1)), None
 
 
 def sinkhorn(logits, iters=20):
@@ -137,6 +231,53 @@ def sinkhorn(logits, iters=20):
 
 def gate_clip(u):
     return u + (u.clamp(0.0, 1.0) - u).detach()
+
+
+# -----------------------------------------------------------------------------
+# The coefficient projection: every topology's pre, post and MIX logits come from
+# its normalized state times one matrix.
+
+
+class _RMSProjection(torch.autograd.Function):
+    """u = RMSNorm(x) @ W = (x @ W) * r, r = rsqrt(mean(x^2) + eps): the norm folded
+    in after the matmul, so the normalized x (as wide as x) is never formed. The
+    coefficient maths of every topology starts here.
+
+    Backward, with v = x @ W (so u = v r) and D the width of x: dr/dx = -r^3 x / D, so
+        dW = x^T (du r)
+        dx = (du r) W^T + dr/dx sum_k du_k v_k = (du r) W^T - x r^2 sum_k(du_k u_k) / D
+    """
+
+    @staticmethod
+    def forward(ctx, x, W, eps):
+        D = x.shape[-1]
+        x2 = x.reshape(-1, D)  # (tokens, D): a view, a copy only of an expand()ed x
+        v = x2 @ W  # (tokens, K)
+        r = torch.linalg.vector_norm(x2, dim=-1, keepdim=True)  # (tokens, 1): one pass, no x^2 tensor
+        r = r.square_().div_(D).add_(eps).rsqrt_()
+        u = v.mul_(r)
+        ctx.save_for_backward(x2, W, r, u)
+        ctx.x_shape = x.shape
+        return u.view(x.shape[:-1] + (W.shape[1],))
+
+    @staticmethod
+    def backward(ctx, du):
+        x2, W, r, u = ctx.saved_tensors
+        D = x2.shape[-1]
+        du = du.reshape(u.shape)  # (tokens, K)
+        dv = du * r
+        dx = dW = None
+        if ctx.needs_input_grad[0]:
+            dr = (du * u).sum(-1, keepdim=True).mul_(r.square()).div_(-D)  # (tokens, 1)
+            dx = (dv @ W.t()).addcmul_(x2, dr).view(ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            dW = (dv.t() @ x2).t()  # as (K, tokens) @ (tokens, D): x2 is read along its rows, ~2x faster
+        return dx, dW, None
+
+
+def rms_projection(x, W, eps=1e-6):
+    """RMSNorm(x) @ W over the last dim, no norm weight. x (..., D), W (D, K) -> (..., K)"""
+    return _RMSProjection.apply(x, W, eps)
 
 
 # -----------------------------------------------------------------------------
@@ -206,9 +347,9 @@ class DynamicStreams(nn.Module):
         B, T, n, C = h.shape
         with torch.autocast(h.device.type, enabled=False):  # coefficient maths in float32
             flat = h.float().reshape(B, T, n * C)
-            inv_rms = torch.rsqrt(flat.square().mean(-1, keepdim=True) + 1e-6)  # (B,T,1)
-            z = torch.addcmul(self.bias, (flat @ self.proj) * inv_rms, self.alpha[self.alpha_index])  # (B,T,2n+K)
-        return z[..., :n].sigmoid(), 2 * z[..., n:2 * n].sigmoid(), z[..., 2 * n:]
+            z = torch.addcmul(self.bias, rms_projection(flat, self.proj), self.alpha[self.alpha_index])  # (B,T,2n+K)
+            pre, post, res = z.split([n, n, z.shape[-1] - 2 * n], -1)  # one backward node, not one per slice
+        return pre.sigmoid(), 2 * post.sigmoid(), res
 
     def forward(self, h, sublayer):
         pre, post, res = self.coefficients(h)
@@ -314,6 +455,13 @@ class MeanGatedIHC(GatedIHC):
     """mean_gated_ihc: MIX = J + g (I - J), J = ones/n, one scalar g per token.
     Keeps the stream mean, scales every zero-sum direction by g (seed 000 s.8)."""
 
+    def __init__(self, config, sublayer_index, ops):
+        super().__init__(config, sublayer_index, ops)
+        n = config.n_streams
+        J = torch.full((n, n), 1.0 / n)
+        self.register_buffer("J", J, persistent=False)  # constants, made once
+        self.register_buffer("I_minus_J", torch.eye(n) - J, persistent=False)
+
     def n_mix_logits(self, n):
         return 1
 
@@ -324,11 +472,7 @@ class MeanGatedIHC(GatedIHC):
         return gate_clip(res)  # (B,T,1)
 
     def mix(self, res):
-        g = self.gate(res).unsqueeze(-1)  # (B,T,1,1)
-        n = self.n
-        J = torch.full((n, n), 1.0 / n, device=res.device)
-        eye = torch.eye(n, device=res.device)
-        return J + g * (eye - J)  # (B,T,n,n)
+        return torch.addcmul(self.J, self.gate(res).unsqueeze(-1), self.I_minus_J)  # (B,T,1,1) -> (B,T,n,n)
 
 
 class HyperConnection(nn.Module):
@@ -357,8 +501,7 @@ class HyperConnection(nn.Module):
 
     def coefficients(self, h):
         with torch.autocast(h.device.type, enabled=False):
-            hn = F.rms_norm(h.float(), (h.shape[-1],), eps=1e-6)  # (B,T,n,C)
-            z = torch.tanh(hn @ self.proj) * self.alpha[self.alpha_index]  # (B,T,n,2+n)
+            z = torch.tanh(rms_projection(h.float(), self.proj)) * self.alpha[self.alpha_index]  # (B,T,n,2+n), hn_i @ W
         pre = self.pre_static + z[..., 0]  # (B,T,n)
         post = self.post_static + z[..., 1]  # (B,T,n)
         mix = self.mix_static + z[..., 2:]  # (B,T,n,n)

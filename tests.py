@@ -3,7 +3,10 @@ The test suite, CPU only:  python -m pytest tests.py
 
 Tests check behaviour a user relies on (the step-0 network is the residual one,
 training lowers the loss, a resumed run equals an uninterrupted one, Sinkhorn
-matches its definition), not shapes.
+matches its definition), not shapes. In order: data, Sinkhorn, the step-0
+network, training end to end, mistakes and interruptions, diagnostics; then the
+hand-written backwards of residuals.py, the Triton kernels (run on the CPU by
+Triton's interpreter), and seed 000's theorems (theory.py).
 """
 import json
 import math
@@ -13,13 +16,19 @@ import subprocess
 import sys
 import time
 
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the kernels run on the CPU
+
 import pytest
 import torch
+import torch.nn.functional as F
 
+import kernels
 import residuals
+import theory
 from model import GPT, GPTConfig
-from prepare import DATASETS, gpt2_tokenizer, prepare_dataset
-from residuals import TOPOLOGIES, sinkhorn, sinkhorn_reference
+from prepare import gpt2_tokenizer, prepare_dataset
+from residuals import TOPOLOGIES, rms_projection, sinkhorn, sinkhorn_reference, stream_read, stream_write
+from theory import DT
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 STREAM_TOPOLOGIES = [name for name in TOPOLOGIES if name != "residual"]
@@ -234,6 +243,11 @@ def test_every_topology_trains(name, tmp_path):
     assert all(math.isfinite(v) for v in losses)
     assert losses[0] > losses[1] > losses[2], f"{name}: val loss did not decrease: {losses}"
     assert abs(losses[0] - math.log(65)) < 0.3  # the untrained model is near uniform over 65 characters
+    gated = name in ("gated_ihc", "norm_gated_ihc", "mean_gated_ihc")
+    for row in rows:  # every evaluation reports the composite gain, and the gates where there are some
+        assert math.isfinite(row["gain_forward"]) and math.isfinite(row["gain_backward"])
+        assert ("gate_mean" in row) == gated and ("gate_reset_fraction" in row) == gated
+        assert not gated or len(row["gate_mean"]) == 2 * 2  # one per sublayer of the 2 layers
 
 
 def test_resume_matches_uninterrupted_run(tmp_path):
@@ -301,6 +315,8 @@ def test_train_checks_out_dir_before_training(tmp_path):
     ("prepare.py", ["--tokenizer=bpe", "--input=data/shakespeare/input.txt"], "unknown tokenizer 'bpe'"),
     ("sample.py", ["--temprature=0.5"], "unknown key 'temprature'; valid keys: out_dir, start"),
     ("sample.py", ["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
+    ("bench.py", ["--device=tpu"], "no benchmark section for device 'tpu'; choose one of: cpu, cuda"),
+    ("bench.py", ["--rounds=many"], "--rounds=many: expected a value of type int"),
 ])
 def test_scripts_reject_mistakes_in_one_line(script, args, message):
     result = run(script, *args, check=False)
@@ -455,3 +471,619 @@ def test_training_with_triton_kernels_matches_torch(name, tmp_path):
     for a, b in zip(metrics(tmp_path / "torch"), metrics(tmp_path / "triton"), strict=True):
         for key in ("train_loss", "val_loss"):
             assert abs(a[key] - b[key]) < 1e-4, f"iter {a['iter']} {key}: torch {a[key]} vs triton {b[key]}"
+
+
+# =============================================================================
+# The hand-written backwards of residuals.py against plain autograd
+# =============================================================================
+
+SB, ST = 2, 3
+SC = 37  # odd on purpose
+
+
+# --- the plain formulas: what autograd differentiates without help ----------------------
+
+def read_formula(h, pre):
+    return (pre.unsqueeze(-1) * h).sum(-2)  # (B,T,n,1) * (B,T,n,C), summed over n
+
+
+def write_formula(h, mix, post, y):
+    if mix is None:
+        mixed = h
+    elif mix.dim() == h.dim() - 1:
+        mixed = mix.unsqueeze(-1) * h  # diagonal gate
+    else:
+        mixed = (mix.unsqueeze(-1) * h.unsqueeze(-3)).sum(-2)  # (B,T,n,n,1) * (B,T,1,n,C), summed over j
+    return mixed + post.unsqueeze(-1) * y.unsqueeze(-2)
+
+
+def rms_formula(x, W, eps=1e-6):
+    return F.rms_norm(x, (x.shape[-1],), eps=eps) @ W
+
+
+def outputs_and_gradients(fn, inputs, upstream):
+    """fn(**inputs) and d(sum(out * upstream)) / d input for every float input."""
+    leaves = {k: v.detach().clone().requires_grad_() if v is not None else None for k, v in inputs.items()}
+    out = fn(**leaves)
+    wrt = [k for k, v in leaves.items() if v is not None]
+    grads = torch.autograd.grad(out, [leaves[k] for k in wrt], upstream)
+    return out, dict(zip(wrt, grads))
+
+
+def assert_same(fast, plain, inputs, upstream, tol):
+    out, grads = outputs_and_gradients(fast, inputs, upstream)
+    ref, ref_grads = outputs_and_gradients(plain, inputs, upstream)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol, msg=lambda m: f"output: {m}")
+    for name in ref_grads:
+        assert grads[name].dtype == inputs[name].dtype, f"d {name} has dtype {grads[name].dtype}"
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=tol, atol=tol, msg=lambda m: f"d {name}: {m}")
+
+
+def autograd_stream_inputs(n, mix, dtype=torch.float64, expanded=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(SB, ST, 1 if expanded else n, SC, generator=g, dtype=dtype).expand(SB, ST, n, SC)
+    mixes = {None: None, "diagonal": torch.rand(SB, ST, n, generator=g, dtype=dtype),
+             "full": torch.randn(SB, ST, n, n, generator=g, dtype=dtype)}
+    return dict(h=h, mix=mixes[mix], post=torch.randn(SB, ST, n, generator=g, dtype=dtype),
+                y=torch.randn(SB, ST, SC, generator=g, dtype=dtype))
+
+
+STREAMS = pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+MIXES = pytest.mark.parametrize("mix", [None, "diagonal", "full"], ids=["identity", "diagonal", "full"])
+EXPANDED = pytest.mark.parametrize("expanded", [False, True], ids=["dense", "expanded"])
+
+
+# --- stream_read / stream_write ----------------------------------------------------------
+
+@STREAMS
+@EXPANDED
+def test_stream_read_matches_formula(n, expanded):
+    inputs = autograd_stream_inputs(n, None, expanded=expanded)
+    inputs = dict(h=inputs["h"], pre=inputs["post"])
+    upstream = torch.randn(SB, ST, SC, dtype=torch.float64)
+    assert_same(stream_read, read_formula, inputs, upstream, 1e-12)
+
+
+@STREAMS
+@MIXES
+@EXPANDED
+def test_stream_write_matches_formula(n, mix, expanded):
+    inputs = autograd_stream_inputs(n, mix, expanded=expanded)
+    upstream = torch.randn(SB, ST, n, SC, dtype=torch.float64)
+    assert_same(stream_write, write_formula, inputs, upstream, 1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4])
+@MIXES
+def test_stream_ops_gradcheck(n, mix):
+    inputs = autograd_stream_inputs(n, mix)
+    h, mix_, post, y = (t.detach().clone().requires_grad_() if t is not None else None for t in inputs.values())
+    assert torch.autograd.gradcheck(lambda h, post, y: stream_write(h, mix_, post, y), (h, post, y))
+    if mix_ is not None:
+        assert torch.autograd.gradcheck(lambda mix: stream_write(h.detach(), mix, post.detach(), y.detach()), (mix_,))
+    assert torch.autograd.gradcheck(stream_read, (h, post))
+
+
+@MIXES
+def test_autograd_stream_ops_model_dtypes(mix):
+    """float32 state and coefficients, bfloat16 sublayer output (a bf16 autocast
+    model): the state stays float32, each gradient comes back in its input's dtype."""
+    inputs = autograd_stream_inputs(4, mix, dtype=torch.float32)
+    inputs["y"] = inputs["y"].bfloat16()
+    upstream = torch.randn(SB, ST, 4, SC)
+    out, grads = outputs_and_gradients(stream_write, inputs, upstream)
+    inputs64 = {k: None if v is None else v.double() for k, v in inputs.items()}
+    ref, ref_grads = outputs_and_gradients(write_formula, inputs64, upstream.double())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)  # post * y is rounded to bfloat16
+    for name, grad in grads.items():
+        assert grad.dtype == inputs[name].dtype, f"d {name} has dtype {grad.dtype}, not {inputs[name].dtype}"
+        tol = 2e-2 if grad.dtype == torch.bfloat16 or name == "post" else 1e-5
+        torch.testing.assert_close(grad.double(), ref_grads[name], rtol=tol, atol=tol, msg=lambda m: f"d {name}: {m}")
+
+
+# --- rms_projection ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(SB, ST, 4 * SC), (SB, ST, 4, SC), (5, 1)], ids=["flat", "per-stream", "width-1"])
+@EXPANDED
+def test_rms_projection_matches_formula(shape, expanded):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64)
+    if expanded:  # the model's first layer: n equal streams as a stride-0 view
+        x = x[..., :1, :].expand(shape) if len(shape) == 4 else x[:1].expand(shape)
+    W = torch.randn(shape[-1], 11, generator=g, dtype=torch.float64)
+    upstream = torch.randn(*shape[:-1], 11, generator=g, dtype=torch.float64)
+    assert_same(rms_projection, rms_formula, dict(x=x, W=W), upstream, 1e-12)
+    x, W = x.detach().clone().requires_grad_(), W.detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(rms_projection, (x, W))
+
+
+def test_rms_projection_tiny_inputs():
+    """rms(x) near 0: eps keeps the output and gradient finite and equal to the formula's."""
+    x = 1e-5 * torch.randn(4, 6, dtype=torch.float64)
+    W = torch.randn(6, 3, dtype=torch.float64)
+    assert_same(rms_projection, rms_formula, dict(x=x, W=W), torch.randn(4, 3, dtype=torch.float64), 1e-10)
+
+
+# --- sinkhorn ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("iters", [1, 2, 3, 20])
+@pytest.mark.parametrize("shape", [(4, 4), (5, 3, 3), (2, 3, 5, 5)], ids=["one", "batch", "B,T"])
+def test_sinkhorn_backward_every_iteration_count(iters, shape):
+    """The backward's loop runs the iterations in reverse; its ends (iteration 0 in
+    the log domain, the first division) are where an off-by-one would hide."""
+    g = torch.Generator().manual_seed(iters)
+    logits = (3 * torch.randn(*shape, generator=g, dtype=torch.float64)).requires_grad_()
+    upstream = torch.randn(*shape, generator=g, dtype=torch.float64)
+    ours, = torch.autograd.grad(sinkhorn(logits, iters), logits, upstream)
+    ref, = torch.autograd.grad(sinkhorn_reference(logits, iters), logits, upstream)
+    torch.testing.assert_close(sinkhorn(logits, iters), sinkhorn_reference(logits, iters), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_sinkhorn_gradient_float32_matches_float64():
+    """The float32 path (the one training uses) stays within float32 rounding."""
+    g = torch.Generator().manual_seed(0)
+    logits = 2 * torch.randn(64, 4, 4, generator=g)
+    upstream = torch.randn(64, 4, 4, generator=g)
+    x32 = logits.clone().requires_grad_()
+    x64 = logits.double().requires_grad_()
+    ours, = torch.autograd.grad(sinkhorn(x32), x32, upstream)
+    ref, = torch.autograd.grad(sinkhorn_reference(x64), x64, upstream.double())
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-4, atol=1e-5)
+
+
+# --- the whole model: the fast ops change nothing ----------------------------------------
+
+class PlainOps:
+    """The stream ops as plain formulas, differentiated by autograd."""
+    stream_read = staticmethod(read_formula)
+    stream_write = staticmethod(write_formula)
+    sinkhorn = staticmethod(sinkhorn_reference)
+
+
+@pytest.mark.parametrize("name", [name for name in TOPOLOGIES if name != "residual"])
+def test_model_gradients_match_plain_autograd(name, monkeypatch):
+    """Every parameter's gradient of a model away from init equals the one autograd
+    gives through the plain formulas (float32, rounding-level tolerance)."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=65, bias=False,
+                       residual=name, n_streams=4)
+    model = GPT(config)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "_streams." in pname:
+                p.add_(0.3 * torch.randn_like(p))
+    idx = torch.randint(0, 65, (3, 16))
+
+    def gradients():
+        model.zero_grad()
+        model(idx, idx)[1].backward()
+        return {pname: p.grad.clone() for pname, p in model.named_parameters()}
+
+    fast = gradients()
+    topologies = [m for m in model.modules() if isinstance(m, tuple(TOPOLOGIES.values()))]
+    for m in topologies:
+        m.ops = PlainOps
+    monkeypatch.setattr(residuals, "rms_projection", rms_formula)
+    plain = gradients()
+    for pname, grad in plain.items():
+        scale = grad.abs().max().item()
+        err = (fast[pname] - grad).abs().max().item()
+        assert err <= 1e-4 * scale + 1e-7, f"{name}: d {pname} differs by {err:.2e} (max {scale:.2e})"
+
+
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+def test_model_trains_under_bfloat16_autocast(name):
+    """train.py --dtype=bfloat16 on a CPU: the PyTorch stream ops take bf16 sublayer
+    outputs next to the float32 state, forward and backward."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=65, bias=False,
+                          residual=name, n_streams=TOPOLOGIES[name].default_streams))
+    idx = torch.randint(0, 65, (3, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = model.streams(idx)
+        _, loss = model(idx, idx)
+    loss.backward()
+    assert h.dtype == torch.float32, f"{name}: the state became {h.dtype}"
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+# =============================================================================
+# Triton kernels against their PyTorch references (in the interpreter)
+# =============================================================================
+
+B, T = 3, 21  # 63 tokens: not a multiple of any block
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # relative RMS error
+
+
+def assert_close(name, got, want, tol, floor=0.0):
+    """Relative RMS error of got against want. Errors are measured against
+    max(rms(want), floor): a floor stands for the scale below which float32
+    cannot resolve the true value."""
+    assert not got.isnan().any(), f"{name}: NaN"
+    err = (got.double() - want.double()).pow(2).mean().sqrt()
+    scale = max(want.double().pow(2).mean().sqrt().item(), floor)
+    assert err <= tol * scale, f"{name}: relative RMS error {err / scale:.2e} > {tol:.0e}"
+
+
+def run_both(op, inputs, seed=0):
+    """Outputs and gradients of kernels.op and residuals.op (float64) for the same
+    inputs and one random upstream gradient. inputs: dict name -> tensor or None."""
+    torch.manual_seed(seed)
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+    leaves = {**inputs, **{k: inputs[k].detach().requires_grad_() for k in names}}
+    leaves64 = {**inputs, **{k: inputs[k].detach().double().requires_grad_() for k in names}}
+    out = getattr(kernels, op)(**leaves)
+    ref = getattr(residuals, op)(**leaves64)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref.backward(grad.double())
+    return out, ref, [(k, leaves[k].grad, leaves64[k].grad) for k in names]
+
+
+def check(op, inputs, out_dtype):
+    out, ref, grads = run_both(op, inputs)
+    assert out.dtype == out_dtype, f"{op}: output dtype {out.dtype}, expected {out_dtype}"
+    assert_close(f"{op} output", out, ref, TOL[out_dtype])
+    for name, got, want in grads:
+        assert got.dtype == inputs[name].dtype, f"{op}: d {name} has dtype {got.dtype}, not {inputs[name].dtype}"
+        assert_close(f"{op} d {name}", got, want, TOL[inputs[name].dtype])
+
+
+def stream_inputs(n, C, dtype, mix, y_dtype=None):
+    """Random h, mix, post, y, all in dtype except y in y_dtype if given."""
+    g = torch.Generator().manual_seed(n * 1000 + C)
+    h = torch.randn(B, T, n, C, generator=g).to(dtype)
+    mixes = {"none": None, "diagonal": torch.rand(B, T, n, generator=g),
+             "full": torch.rand(B, T, n, n, generator=g) * 2 - 1}
+    post = 2 * torch.rand(B, T, n, generator=g)
+    y = torch.randn(B, T, C, generator=g).to(y_dtype or dtype)
+    mix = mixes[mix]
+    return dict(h=h, mix=None if mix is None else mix.to(dtype), post=post.to(dtype), y=y)
+
+
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
+
+
+@DTYPES
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_stream_read(n, dtype):
+    check("stream_read", dict(h=torch.randn(B, T, n, 60).to(dtype), pre=torch.rand(B, T, n).to(dtype)), dtype)
+
+
+@DTYPES
+@pytest.mark.parametrize("mix", ["none", "diagonal", "full"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_stream_write(n, mix, dtype):
+    check("stream_write", stream_inputs(n, 60, dtype, mix), dtype)
+
+
+def test_stream_ops_several_channel_blocks():
+    """C = 300 spans two channel blocks: the forward's 2D grid and the backward's
+    loop over chunks, with a ragged last chunk."""
+    check("stream_read", dict(h=torch.randn(B, T, 3, 300), pre=torch.rand(B, T, 3)), torch.float32)
+    check("stream_write", stream_inputs(3, 300, torch.float32, "full"), torch.float32)
+
+
+def test_stream_ops_model_dtypes():
+    """Under bf16 autocast the model's state h and coefficients are float32 and
+    the sublayer output y is bf16: each gradient comes back in its input's dtype,
+    the output in h's."""
+    inputs = stream_inputs(4, 60, torch.float32, "full", y_dtype=torch.bfloat16)
+    out, ref, grads = run_both("stream_write", inputs)
+    assert out.dtype == torch.float32
+    assert_close("stream_write output", out, ref, TOL[torch.bfloat16])
+    for name, got, want in grads:
+        assert got.dtype == inputs[name].dtype, f"d {name} has dtype {got.dtype}, not {inputs[name].dtype}"
+        assert_close(f"stream_write d {name}", got, want, TOL[torch.bfloat16])
+
+
+def test_stream_ops_expanded_state():
+    """At the first layer h is x expanded to n equal streams (a stride-0 view)."""
+    x = torch.randn(B, T, 1, 60)
+    pre, post, mix = torch.rand(B, T, 4), torch.rand(B, T, 4), torch.rand(B, T, 4, 4)
+
+    def layer(ops, x):
+        h = x.expand(B, T, 4, 60)  # (B,T,n,C), stride 0 along n
+        return ops.stream_write(h, mix.to(x.dtype), post.to(x.dtype), ops.stream_read(h, pre.to(x.dtype)))
+
+    check("stream_read", dict(h=x.expand(B, T, 4, 60), pre=pre), torch.float32)  # the read alone
+    x32, x64 = x.clone().requires_grad_(), x.double().requires_grad_()
+    out, ref = layer(kernels, x32), layer(residuals, x64)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref.backward(grad.double())
+    assert_close("read then write output", out, ref, 1e-5)
+    assert_close("read then write d x", x32.grad, x64.grad, 1e-5)
+
+
+# -----------------------------------------------------------------------------
+# Sinkhorn
+
+SCALES = [1, 5, 50, 1e4]  # 50: float32 exp of raw logits already gives NaN
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_sinkhorn(n):
+    """All four logit scales in one launch (16 matrices each), checked scale by scale."""
+    torch.manual_seed(n)
+    logits = torch.cat([torch.randn(1, 16, n, n) * s for s in SCALES])  # (scale, matrix, n, n)
+    L = logits.clone().requires_grad_()
+    L64 = logits.double().requires_grad_()
+    out = kernels.sinkhorn(L)
+    ref = residuals.sinkhorn_reference(L64)  # the float64 definition
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref.backward(grad.double())
+    assert out.dtype == torch.float32 and L.grad.dtype == torch.float32
+    for k, scale in enumerate(SCALES):
+        tag = f"scale {scale:g}"
+        assert out[k].isfinite().all() and L.grad[k].isfinite().all(), f"{tag}: not finite"
+        col_err = (out[k].sum(-2) - 1).abs().max()
+        assert col_err <= 1e-5, f"{tag}: columns sum to 1 +- {col_err:.1e}"
+        assert_close(f"{tag} output", out[k], ref[k], 1e-5)
+        # At scale 1e4 the true gradient is ~1e-30, far below float32's rounding of
+        # O(1) quantities: compare it against the upstream gradient's scale instead.
+        assert_close(f"{tag} d logits", L.grad[k], L64.grad[k], 1e-5, floor=1e-3 * grad.pow(2).mean().sqrt().item())
+
+
+@pytest.mark.parametrize("iters", [1, 3])
+def test_sinkhorn_iters(iters):
+    """iters = 1 is the log-domain step alone; the default 20 is covered above."""
+    logits = torch.randn(B, T, 4, 4) * 3
+    out, ref, grads = run_both("sinkhorn", dict(logits=logits, iters=iters))  # float64 reference
+    assert_close(f"sinkhorn iters={iters} output", out, ref, 1e-5)
+    for name, got, want in grads:
+        assert_close(f"sinkhorn iters={iters} d {name}", got, want, 1e-5)
+
+
+def test_sinkhorn_bf16_logits():
+    """Logits in bf16: the result is float32, the gradient bf16."""
+    logits = (torch.randn(B, T, 4, 4) * 3).bfloat16()
+    out, ref, grads = run_both("sinkhorn", dict(logits=logits))
+    assert out.dtype == torch.float32
+    assert_close("sinkhorn output", out, ref, 1e-5)
+    for name, got, want in grads:
+        assert got.dtype == torch.bfloat16
+        assert_close(f"sinkhorn d {name}", got, want, TOL[torch.bfloat16])
+
+
+# -----------------------------------------------------------------------------
+# The model
+
+
+@pytest.mark.parametrize("residual", list(residuals.TOPOLOGIES))
+def test_model_triton_equals_torch(residual):
+    """A small GPT with kernels='triton' has the loss and parameter gradients it
+    has with 'torch'. Parameters are perturbed off the step-0 point, where equal
+    streams and zero projections would leave parts of the ops untested."""
+    results = []
+    for impl in ("torch", "triton"):
+        torch.manual_seed(0)
+        config = GPTConfig(block_size=8, vocab_size=64, n_layer=2, n_head=2, n_embd=32, residual=residual,
+                           n_streams=residuals.TOPOLOGIES[residual].default_streams, kernels=impl)
+        model = GPT(config)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        idx = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+        _, loss = model(idx, idx)
+        loss.backward()
+        results.append((loss, torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (loss, grads), (loss_triton, grads_triton) = results
+    assert_close("loss", loss_triton, loss, 1e-5)
+    assert_close("parameter gradients", grads_triton, grads, 1e-5)
+
+
+# -----------------------------------------------------------------------------
+# Running where triton cannot
+
+
+def test_triton_unavailable_is_an_error(monkeypatch):
+    monkeypatch.setattr(kernels, "INTERPRETED", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="need a CUDA GPU"):
+        kernels.stream_read(torch.randn(1, 2, 4, 8), torch.rand(1, 2, 4))
+
+
+COMPILE_FOR_GPU = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import kernels as K
+
+def compile(fn, **constexprs):
+    types = {"n": "constexpr", "MIX": "constexpr", "N": "i32", "C": "i32"}
+    sig = {a: "constexpr" if a in constexprs else types.get(a, "*bf16") for a in fn.arg_names}
+    triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32))
+
+blocks = dict(BLOCK_T=4, BLOCK_C=64)
+compile(K._sinkhorn_fwd_kernel, n=3, NP=4, ITERS=3, BLOCK_M=32)
+compile(K._sinkhorn_bwd_kernel, n=3, NP=4, ITERS=3, BLOCK_M=32)
+compile(K._stream_read_fwd_kernel, n=3, **blocks)
+compile(K._stream_read_bwd_kernel, n=3, **blocks)
+for mix in (K.MIX_IDENTITY, K.MIX_DIAGONAL, K.MIX_FULL):
+    none = dict(mix_ptr=None) if mix == K.MIX_IDENTITY else {}
+    compile(K._stream_write_fwd_kernel, n=3, MIX=mix, **none, **blocks)
+    compile(K._stream_write_bwd_kernel, n=3, MIX=mix, **none, **(dict(dh_ptr=None, dmix_ptr=None) if none else {}), **blocks)
+"""
+
+
+def test_kernels_compile_for_gpu():
+    """The interpreter runs any Python; the GPU compiler accepts less (an index
+    computed by a conditional expression once passed there and failed here).
+    Compile every kernel for an H100/H200 (sm_90) down to machine code with the
+    ptxas that triton ships: no GPU needed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU], env=env, capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+# =============================================================================
+# Seed 000's theorems, in float64 (theory.py)
+# =============================================================================
+
+KINDS = ["averaging", "doubly_stochastic", "low_rank", "nilpotent", "conjugated_nilpotent",
+         "permuted", "zero", "full_rank", "mixture"]
+
+
+def randint(low, high, gen):
+    return int(torch.randint(low, high, (1,), generator=gen))
+
+
+def permutation(n, gen):
+    return torch.eye(n, dtype=DT)[torch.randperm(n, generator=gen)]
+
+
+def random_mixer(kind, n, gen):
+    """One n x n mixer of the given family, most of them rank deficient."""
+    if kind == "averaging":  # J = ones / n, the rank-1 doubly stochastic matrix of section 4
+        return torch.full((n, n), 1.0 / n, dtype=DT)
+    if kind == "doubly_stochastic":
+        return theory.random_doubly_stochastic(n, randint(1, n + 1, gen), gen)
+    if kind == "low_rank":
+        k = randint(0, n, gen)
+        return torch.randn(n, k, generator=gen, dtype=DT) @ torch.randn(k, n, generator=gen, dtype=DT)
+    if kind == "nilpotent":  # the shift e_{i+1} -> e_i, or a random strictly upper triangular matrix
+        if randint(0, 2, gen):
+            return torch.diag(torch.ones(n - 1, dtype=DT), 1)
+        return torch.randn(n, n, generator=gen, dtype=DT).triu(1)
+    if kind == "conjugated_nilpotent":  # the shift in a random basis
+        M = theory.random_full_rank(n, gen)
+        return M @ torch.diag(torch.ones(n - 1, dtype=DT), 1) @ torch.linalg.inv(M)
+    if kind == "permuted":  # a shuffled 0/1 gate, or the shift with its streams shuffled
+        if randint(0, 2, gen):
+            gate = torch.diag((torch.rand(n, generator=gen) < 0.6).to(DT))
+            return permutation(n, gen) @ gate @ permutation(n, gen)
+        Pi = permutation(n, gen)
+        return Pi @ torch.diag(torch.ones(n - 1, dtype=DT), 1) @ Pi.T
+    if kind == "zero":  # zero, or every other layer full rank
+        return torch.zeros(n, n, dtype=DT) if randint(0, 2, gen) else theory.random_full_rank(n, gen)
+    if kind == "full_rank":
+        return theory.random_full_rank(n, gen)
+    assert kind == "mixture"
+    return random_mixer(KINDS[randint(0, len(KINDS) - 1, gen)], n, gen)
+
+
+def random_chain(kind, n, L, gen):
+    return [random_mixer(kind, n, gen) for _ in range(L)]
+
+
+def check_intertwines(As, P, G, tol=1e-9):
+    """A_l P_l = P_{l+1} G_l, up to tol relative to the size of both sides."""
+    for l, A in enumerate(As):
+        lhs, rhs = A @ P[l], P[l + 1] @ G[l]
+        scale = torch.linalg.matrix_norm(A, ord=2) * torch.linalg.matrix_norm(P[l], ord=2) + rhs.norm()
+        assert (lhs - rhs).norm() <= tol * scale, f"layer {l}: A_l P_l != P_(l+1) G_l"
+
+
+def check_same_outputs(net, simulation, gen, tol=1e-9, d=3):
+    n = net.mixers[0].shape[0]
+    x = torch.randn(64, n, d, generator=gen, dtype=DT)
+    assert theory.relative_error(theory.forward(simulation, x), theory.forward(net, x)) < tol
+
+
+# Theorem 1 -----------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("kind", ["full_rank", "doubly_stochastic", "permutation"])
+def test_theorem1_full_rank_mhc_is_an_ihc_gauge(n, kind):
+    gen = torch.Generator().manual_seed(n)
+    for _ in range(5):
+        if kind == "full_rank":
+            mixers = [theory.random_full_rank(n, gen) for _ in range(6)]
+        elif kind == "doubly_stochastic":
+            mixers = [theory.random_doubly_stochastic(n, n, gen) for _ in range(6)]
+        else:
+            mixers = [permutation(n, gen) for _ in range(6)]
+        mhc = theory.random_stream_net(mixers, 3, gen)
+        ihc = theory.full_rank_to_ihc(mhc)
+        assert all(torch.equal(A, torch.eye(n, dtype=DT)) for A in ihc.mixers)
+        check_same_outputs(mhc, ihc, gen)
+
+
+# The counterexample --------------------------------------------------------
+
+def test_counterexample_mhc_computes_phi_of_phi_exactly():
+    gen = torch.Generator().manual_seed(0)
+    x = 4 * torch.rand(1000, 2, 1, generator=gen, dtype=DT) - 2
+    out = theory.forward(theory.counterexample_mhc(), x)[:, 0, 0]
+    def phi(t):  # written out again, so that a wrong theory.phi cannot pass
+        return t ** 2 / (1 + torch.exp(-t))
+    x1, x2 = x[:, 0, 0], x[:, 1, 0]
+    target = x1 + x2 + phi(phi(x1 - x2))
+    assert ((out - target).abs() <= 1e-12 * target.abs().clamp(min=1)).all()
+
+
+def test_counterexample_is_a_gated_ihc_that_resets():
+    gen = torch.Generator().manual_seed(0)
+    mhc = theory.counterexample_mhc()
+    gated = theory.mhc_to_gated_ihc(mhc)
+    assert gated.mixers[0].diag().tolist().count(0.0) == 1  # rank J = 1: one direction is reset
+    x = 4 * torch.rand(1000, 2, 1, generator=gen, dtype=DT) - 2
+    assert theory.relative_error(theory.forward(gated, x), theory.forward(mhc, x)) < 1e-12
+
+
+def test_pure_ihc_fit_runs_and_misses():
+    mse = theory.fit_pure_ihc(starts=2, steps=30)
+    assert math.isfinite(mse) and mse > 0
+
+
+# Theorem 2 -----------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("kind", KINDS)
+def test_chain_normal_form(kind, n):
+    gen = torch.Generator().manual_seed(100 * n + KINDS.index(kind))
+    worst_cond = 0.0
+    for _ in range(12):
+        As = random_chain(kind, n, 8, gen)
+        P, E = theory.chain_normal_form(As)
+        assert len(P) == len(As) + 1 and len(E) == len(As)
+        for El in E:
+            assert torch.equal(El, torch.diag(El.diag()))
+            assert set(El.diag().tolist()) <= {0.0, 1.0}
+        cond = max(torch.linalg.cond(Pl).item() for Pl in P)
+        assert cond < 1e8
+        worst_cond = max(worst_cond, cond)
+        check_intertwines(As, P, E)
+    print(f"{kind} n={n}: worst cond(P_l) {worst_cond:.3g}")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("kind", ["averaging", "doubly_stochastic", "mixture"])
+def test_theorem2_gated_ihc_reproduces_rank_deficient_mhc(kind, n):
+    gen = torch.Generator().manual_seed(n)
+    for _ in range(5):
+        if kind == "doubly_stochastic":  # strictly rank deficient, unlike random_mixer's
+            mixers = [theory.random_doubly_stochastic(n, randint(1, n, gen), gen) for _ in range(8)]
+        else:
+            mixers = random_chain(kind, n, 8, gen)
+        mhc = theory.random_stream_net(mixers, 3, gen)
+        gated = theory.mhc_to_gated_ihc(mhc)
+        for El in gated.mixers:
+            assert torch.equal(El, torch.diag(El.diag())) and set(El.diag().tolist()) <= {0.0, 1.0}
+        check_same_outputs(mhc, gated, gen)
+
+
+# Theorem 3 -----------------------------------------------------------------
+
+@pytest.mark.parametrize("scalars", ["rms", "random"])
+def test_theorem3_norm_gated_ihc_reproduces_mhc(scalars):
+    gen = torch.Generator().manual_seed(3)
+    n, L = 4, 8
+    for _ in range(5):
+        mixers = [theory.random_doubly_stochastic(n, randint(1, n, gen), gen) for _ in range(L)]
+        c = None if scalars == "rms" else (0.5 + torch.rand(L, generator=gen, dtype=DT)).tolist()
+        P, E = theory.chain_normal_form(mixers)
+        Q, D = theory.norm_gated_form(P, E, c)
+        check_intertwines(mixers, Q, D)
+        if scalars == "rms":  # section 9: (1/n) ||D_l||_F^2 = 1
+            for Dl in D:
+                assert abs(Dl.square().sum().item() / n - 1) < 1e-12
+        mhc = theory.random_stream_net(mixers, 3, gen)
+        check_same_outputs(mhc, theory.mhc_to_norm_gated_ihc(mhc, c), gen)

@@ -22,7 +22,7 @@ bottom:
    rescaling s_{l+1} = s_l / c_l.
 
 Everything is float64. `python theory.py` checks each theorem on random
-instances and prints the errors; `python -m pytest tests_theory.py` tests them.
+instances and prints the errors; `python -m pytest tests.py -k theorem` tests them.
 """
 import math
 import time

@@ -292,6 +292,7 @@ def elapsed_s():
 
 
 # --- the training loop ----------------------------------------------------------
+start_iter = iter_num
 bar = tqdm(total=max_iters, initial=iter_num, desc=residual, disable=not (master and progress), dynamic_ncols=True)
 tokens_since_eval, train_time_since_eval = 0, 0.0
 while True:
@@ -309,7 +310,7 @@ while True:
                       f"{tokens_per_sec:,.0f} tokens/s")
             if losses["val"] < best_val_loss or always_save_checkpoint:
                 best_val_loss = min(best_val_loss, losses["val"])
-                if iter_num > 0:
+                if iter_num > start_iter:  # something new to save (a resumed run starts from its checkpoint)
                     save_checkpoint()
         tokens_since_eval, train_time_since_eval = 0, 0.0
     if iter_num >= max_iters:

@@ -11,7 +11,8 @@ which applies, in order, every argument of the command line:
 
 - a file name (no leading --): a Python file of plain assignments, run as code;
 - --key=value: the value is parsed as a Python literal (falling back to a plain
-  string) and must have the type of the default (an int is accepted for a float).
+  string) and must have the type of the default (an int is accepted for a float,
+  and a text setting takes any text as typed).
 
 A mistake (unknown key, wrong type, missing file) prints one line naming the
 problem and what is allowed, and exits with status 2: never a traceback.
@@ -42,6 +43,8 @@ def parse_value(key, text, default):
         value = text  # a bare word, e.g. --device=cpu
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if isinstance(default, str) and not isinstance(value, str):
+        value = text  # a text setting takes the text as typed: --seeds=1,2 or --out_dir=2024
     if type(value) is not type(default):
         fail(f"--{key}={text}: expected a value of type {type(default).__name__} (default {default!r})")
     return value

@@ -275,9 +275,11 @@ stop_signal = None
 
 
 def request_stop(signum, frame):
-    """Ctrl-C / SIGTERM: finish the current iteration, save, exit cleanly."""
+    """Ctrl-C / SIGTERM: finish the current iteration, save, exit with 128 + the
+    signal's number (130, 143: the shell's "stopped by a signal", so a script
+    running train.py can tell an interrupted run from a finished one)."""
     global stop_signal
-    stop_signal = signal.Signals(signum).name
+    stop_signal = signal.Signals(signum)
 
 
 signal.signal(signal.SIGINT, request_stop)
@@ -318,7 +320,7 @@ while True:
     if stop_signal:
         if master:
             save_checkpoint()
-            bar.write(f"{stop_signal}: saved {ckpt_path} at iteration {iter_num}; continue with --init_from=resume")
+            bar.write(f"{stop_signal.name}: saved {ckpt_path} at iteration {iter_num}; continue with --init_from=resume")
         break
     t0 = time.time()
     for micro_step in range(gradient_accumulation_steps):
@@ -354,3 +356,5 @@ while True:
 bar.close()
 if ddp:
     torch.distributed.destroy_process_group()
+if stop_signal and iter_num < max_iters:
+    sys.exit(128 + stop_signal)

@@ -84,21 +84,26 @@ def train_arguments(topology, seed):
 
 
 def run_state(out_dir, arguments):
-    """'done', 'resume' or 'new'. A directory made with other arguments is an
+    """'done', 'resume' or 'new'. A checkpoint made with other arguments is an
     error: its numbers would not belong to this comparison."""
+    if not os.path.exists(os.path.join(out_dir, "ckpt.pt")):
+        return "new"  # nothing trained yet (or a run that failed at once, e.g. a mistyped --train_args)
     info_path = os.path.join(out_dir, "run.json")
     if not os.path.exists(info_path):
-        if os.path.exists(os.path.join(out_dir, "ckpt.pt")):
-            fail(f"{out_dir} holds a checkpoint that compare.py did not start; use another --runs_dir")
-        return "new"
+        fail(f"{out_dir} holds a checkpoint that compare.py did not start; use another --runs_dir")
     with open(info_path) as f:
         info = json.load(f)
     if info["arguments"] != arguments:
         fail(f"{out_dir} was trained with other arguments ({shlex.join(info['arguments'])}); "
              f"use another --runs_dir or delete it")
-    if info["finished"]:
-        return "done"
-    return "resume" if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else "new"
+    return "done" if info["finished"] else "resume"
+
+
+def last_line(out_dir):
+    """The last line of a run's train.log: train.py's error, or where it saved."""
+    with open(os.path.join(out_dir, "train.log")) as f:
+        lines = [line.strip() for line in f if line.strip()]
+    return lines[-1] if lines else "no output"
 
 
 def write_run_info(out_dir, arguments, finished):
@@ -137,7 +142,7 @@ def train_all():
                 os.makedirs(out_dir, exist_ok=True)
                 write_run_info(out_dir, arguments, finished=False)
                 command = [sys.executable, os.path.join(HERE, "train.py"), *arguments] + (["--init_from=resume"] if resume else [])
-                with open(os.path.join(out_dir, "train.log"), "a") as log:
+                with open(os.path.join(out_dir, "train.log"), "a" if resume else "w") as log:
                     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
                 running[out_dir] = (arguments, process)
                 bar.set_postfix_str(", ".join(os.path.basename(d) for d in running))
@@ -150,10 +155,10 @@ def train_all():
                     write_run_info(out_dir, arguments, finished=True)
                     bar.update(1)
                 else:  # a failure, or a signal (exit 130/143): start nothing new, let the others save
-                    stopped.append(f"{out_dir} (exit {process.returncode})")
+                    stopped.append(f"{out_dir} (exit {process.returncode}: {last_line(out_dir)})")
                     pending.clear()
     if stopped:
-        print(f"error: {len(stopped)} run(s) stopped before the end: {', '.join(stopped)}; train.log there says why. "
+        print(f"error: {len(stopped)} run(s) stopped before the end: {'; '.join(stopped)}. "
               f"Rerun the same command to resume", file=sys.stderr)
         sys.exit(1)
     os.makedirs(metrics_dir, exist_ok=True)
@@ -180,8 +185,14 @@ def mean_std(values):
 
 
 def summarize(curves):
-    """One row per topology: final and best val loss over seeds, training speed,
-    the largest composite gain seen during training."""
+    """One row per topology: final and best val loss over seeds, the final val loss
+    minus the residual's at the same seed, training speed, the largest composite
+    gain seen during training.
+
+    A seed fixes the initialization, the order of the training batches and the
+    evaluation batches, the same for every topology: so seeds differ by more than
+    topologies may, and the paired difference to the residual at the same seed
+    separates the topology's effect from the seed's."""
     rows = {}
     for name, seed_rows in curves.items():
         speed = [statistics.mean(r["tokens_per_sec"] for r in rows_ if r["iter"] > 0) for rows_ in seed_rows]
@@ -191,18 +202,25 @@ def summarize(curves):
                           gain_forward=max(r["gain_forward"] for rows_ in seed_rows for r in rows_),
                           gain_backward=max(r["gain_backward"] for rows_ in seed_rows for r in rows_),
                           minutes=statistics.mean(rows_[-1]["elapsed_s"] for rows_ in seed_rows) / 60)
+        if "residual" in curves:
+            rows[name]["vs_residual"] = mean_std([rows_[-1]["val_loss"] - base[-1]["val_loss"]
+                                                  for rows_, base in zip(seed_rows, curves["residual"])])
     return rows
 
 
 def table(rows):
     base = rows["residual"]["tokens_per_sec"] if "residual" in rows else None
-    speed_header = "tokens/s vs residual" if base else "tokens/s"
-    lines = [f"| topology | final val loss | best val loss | {speed_header} | max gain fwd / bwd | min per run |",
-             "|---|---|---|---|---|---|"]
+    columns = ["topology", "final val loss", "best val loss"] + (["final minus residual's, same seed"] if base else [])
+    columns += ["tokens/s vs residual" if base else "tokens/s", "max gain fwd / bwd", "min per run"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for name, row in rows.items():
-        speed = f"{row['tokens_per_sec'] / base:.2f}x" if base else f"{row['tokens_per_sec']:,.0f}"
-        lines.append(f"| `{name}` | {row['final'][0]:.4f} ± {row['final'][1]:.4f} | {row['best'][0]:.4f} ± {row['best'][1]:.4f} "
-                     f"| {speed} | {row['gain_forward']:.3f} / {row['gain_backward']:.3f} | {row['minutes']:.1f} |")
+        cells = [f"`{name}`", "{:.4f} ± {:.4f}".format(*row["final"]), "{:.4f} ± {:.4f}".format(*row["best"])]
+        if base:
+            cells += ["{:+.4f} ± {:.4f}".format(*row["vs_residual"]), f"{row['tokens_per_sec'] / base:.2f}x"]
+        else:
+            cells += [f"{row['tokens_per_sec']:,.0f}"]
+        cells += [f"{row['gain_forward']:.3f} / {row['gain_backward']:.3f}", f"{row['minutes']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -227,7 +245,7 @@ def plot_val_loss(curves, path):
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("loss")
-    axes[1].legend(fontsize=8)
+    axes[0].legend(fontsize=8)  # the left panel's upper right is empty
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -272,7 +290,7 @@ def plot_gates(curves, path):
         ax.set_xticks(range(n_sublayers), labels, rotation=45)
         ax.set_xlabel("layer, sublayer")
         ax.grid(alpha=0.3, axis="y")
-    axes[1].legend(fontsize=8)
+    axes[0].legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -295,14 +313,18 @@ def report(wall_s):
                            machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
                                    f"Python {platform.python_version()}, torch {torch.__version__}"), f)
     info = json.load(open(run_info_path)) if os.path.exists(run_info_path) else None
-    text = [f"# Residual topologies compared ({preset} preset)", ""]
-    if info:
-        text += [f"Command: `{info['command']}`, {info['jobs']} run(s) at a time; "
-                 f"wall time {info['wall_minutes']} min on {info['machine']}.", ""]
     shown_args = [os.path.relpath(a, HERE) if a.startswith(HERE) else a for a in PRESETS[preset] + shlex.split(train_args)]
-    text += [f"Each run: `python train.py {shlex.join(shown_args)} "
-             f"--residual=R --seed=S`, seeds {', '.join(map(str, seed_list))}. "
-             f"Loss: mean ± standard deviation over the seeds (final: the last evaluation).", "",
+    text = [f"# Residual topologies compared ({preset} preset)", "",
+            f"Each run: `python train.py {shlex.join(shown_args)} --residual=R --seed=S`, "
+            f"seeds {', '.join(map(str, seed_list))}."]
+    if info:
+        text[-1] += (f" Command: `{info['command']}`, {info['jobs']} run(s) at a time; wall time of its last "
+                     f"call {info['wall_minutes']} min on {info['machine']}. tokens/s: over the whole run, with "
+                     f"{info['jobs']} run(s) sharing the machine (`python bench.py` times the topologies under "
+                     f"equal conditions).")
+    text += ["", "Loss: mean ± standard deviation over the seeds (final: the last evaluation). A seed fixes the "
+             "initialization, the batch order and the evaluation batches, the same for every topology, so "
+             "\"final minus residual's\" (per seed, then mean ± std) is the sharper comparison.", "",
              table(rows), "", "![validation loss](val_loss.png)", "", "![composite gain](gain.png)", ""]
     if gated:
         text += ["![gates](gates.png)", ""]

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -317,6 +318,11 @@ def test_train_checks_out_dir_before_training(tmp_path):
     ("sample.py", ["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
     ("bench.py", ["--device=tpu"], "no benchmark section for device 'tpu'; choose one of: cpu, cuda"),
     ("bench.py", ["--rounds=many"], "--rounds=many: expected a value of type int"),
+    ("compare.py", ["--topologies=mhc,MHC"], "--topologies=mhc,MHC: each must be one of " + ", ".join(TOPOLOGIES)),
+    ("compare.py", ["--seeds=1,x"], "--seeds=1,x: expected comma-separated integers"),
+    ("compare.py", ["--seeds=1,1"], "--seeds=1,1: a seed is listed twice"),
+    ("compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu"),
+    ("compare.py", ["--train=False", "--results_dir=nowhere"], "no metrics in nowhere/metrics for residual-s1337, hc-s1337"),
 ])
 def test_scripts_reject_mistakes_in_one_line(script, args, message):
     result = run(script, *args, check=False)
@@ -418,6 +424,82 @@ def test_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
     one, two = metrics(tmp_path / "one")[-1], metrics(tmp_path / "two")[-1]
     for key in ("train_loss", "val_loss"):
         assert abs(one[key] - two[key]) < 1e-4, f"{key}: {one[key]} vs {two[key]}"
+
+
+# --- the comparison (compare.py) -----------------------------------------------------------
+
+COMPARE_TRAIN_ARGS = " ".join(["--max_iters=30", "--eval_interval=15", *TINY[:-2]])  # compare.py adds device, progress
+
+
+def compare(out, *args, check=True):
+    return run("compare.py", f"--runs_dir={out / 'runs'}", f"--results_dir={out / 'results'}",
+               f"--train_args={COMPARE_TRAIN_ARGS}", *args, check=check)
+
+
+def test_compare_table_summarises_every_seed(tmp_path):
+    compare(tmp_path, "--topologies=residual,gated_ihc", "--seeds=1,2")
+    table = (tmp_path / "results" / "results.md").read_text()
+    for name in ("residual", "gated_ihc"):
+        runs = [metrics(tmp_path / "runs" / f"{name}-s{seed}") for seed in (1, 2)]
+        finals = [rows[-1]["val_loss"] for rows in runs]
+        bests = [min(r["val_loss"] for r in rows) for rows in runs]
+        assert finals[0] != finals[1], "each run must get its own seed"
+        assert (f"| `{name}` | {statistics.mean(finals):.4f} ± {statistics.stdev(finals):.4f} "
+                f"| {statistics.mean(bests):.4f} ± {statistics.stdev(bests):.4f} |") in table, table
+        for seed, rows in zip((1, 2), runs):  # the copies the plots can be redrawn from
+            copied = (tmp_path / "results" / "metrics" / f"{name}-s{seed}.jsonl").read_text().splitlines()
+            assert [json.loads(line) for line in copied] == rows
+    residual, gated = ([metrics(tmp_path / "runs" / f"{name}-s{seed}")[-1]["val_loss"] for seed in (1, 2)]
+                       for name in ("residual", "gated_ihc"))
+    paired = [g - r for g, r in zip(gated, residual)]  # the same seed: the same batches and evaluation batches
+    assert f"| {statistics.mean(paired):+.4f} ± {statistics.stdev(paired):.4f} | " in table
+    assert "| `residual` |" in table and "| +0.0000 ± 0.0000 | 1.00x |" in table
+    for plot in ("val_loss.png", "gain.png", "gates.png"):
+        assert (tmp_path / "results" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_skips_finished_runs_and_a_rerun_reproduces_them(tmp_path):
+    compare(tmp_path / "first", "--topologies=mhc", "--seeds=5")
+    log = tmp_path / "first" / "runs" / "mhc-s5" / "train.log"
+    before = log.stat().st_mtime_ns
+    result = compare(tmp_path / "first", "--topologies=mhc", "--seeds=5")
+    assert "1 of 1 runs already finished" in result.stdout and log.stat().st_mtime_ns == before
+    compare(tmp_path / "again", "--topologies=mhc", "--seeds=5")
+    first, again = (metrics(tmp_path / d / "runs" / "mhc-s5")[-1]["val_loss"] for d in ("first", "again"))
+    assert abs(first - again) <= 1e-6, (first, again)
+    result = compare(tmp_path / "first", "--topologies=mhc", "--seeds=5", "--train_args=--max_iters=10", check=False)
+    assert result.returncode == 2 and "was trained with other arguments" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_compare_names_a_failed_run_in_one_line_and_continues_after_the_fix(tmp_path):
+    result = compare(tmp_path, "--topologies=ihc", "--seeds=1", "--train_args=--max_itters=5", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "unknown key 'max_itters'" in result.stderr.strip().splitlines()[-1]
+    compare(tmp_path, "--topologies=ihc", "--seeds=1")  # the failed run left nothing in the way
+
+
+def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
+    args = ["--topologies=ihc", "--seeds=3", "--train_args=" + COMPARE_TRAIN_ARGS + " --max_iters=400 --eval_interval=50"]
+    run("compare.py", f"--runs_dir={tmp_path / 'straight'}", f"--results_dir={tmp_path / 'r1'}", *args)
+    command = [sys.executable, os.path.join(ROOT, "compare.py"), f"--runs_dir={tmp_path / 'stopped'}",
+               f"--results_dir={tmp_path / 'r2'}", *args]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoint = tmp_path / "stopped" / "ihc-s3" / "ckpt.pt"
+    while not checkpoint.exists():  # saved at iteration 50: the run is under way
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Rerun the same command to resume" in err, err
+    assert not json.loads((tmp_path / "stopped" / "ihc-s3" / "run.json").read_text())["finished"]
+    assert not (tmp_path / "r2").exists(), "no results from an unfinished comparison"
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+    log = (tmp_path / "stopped" / "ihc-s3" / "train.log").read_text()
+    assert "SIGTERM: saved" in log and log.count("iter 0:") == 1, "resumed from the checkpoint, not retrained"
+    straight, resumed = metrics(tmp_path / "straight" / "ihc-s3"), metrics(tmp_path / "stopped" / "ihc-s3")
+    assert [r["iter"] for r in resumed] == [r["iter"] for r in straight]
+    assert all(abs(a["val_loss"] - b["val_loss"]) < 1e-4 for a, b in zip(straight, resumed))
 
 
 # --- diagnostics -------------------------------------------------------------------------

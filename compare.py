@@ -69,7 +69,7 @@ jobs = jobs or ((os.cpu_count() or 1) if preset == "cpu" else 1)
 runs_dir = runs_dir or f"compare-{preset}"
 results_dir = results_dir or os.path.join("results", preset)
 metrics_dir = os.path.join(results_dir, "metrics")
-runs = [(topology, seed) for seed in seed_list for topology in names]  # seed-major: a stopped comparison has whole seeds
+runs = [(topology, seed) for seed in seed_list for topology in names]  # seed-major: a stopped run has whole seeds
 
 
 def run_name(topology, seed):
@@ -141,7 +141,8 @@ def train_all():
                 out_dir, arguments, resume = pending.pop(0)
                 os.makedirs(out_dir, exist_ok=True)
                 write_run_info(out_dir, arguments, finished=False)
-                command = [sys.executable, os.path.join(HERE, "train.py"), *arguments] + (["--init_from=resume"] if resume else [])
+                command = [sys.executable, os.path.join(HERE, "train.py"), *arguments]
+                command += ["--init_from=resume"] if resume else []
                 with open(os.path.join(out_dir, "train.log"), "a" if resume else "w") as log:
                     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
                 running[out_dir] = (arguments, process)
@@ -170,12 +171,13 @@ def train_all():
 # --- the report ----------------------------------------------------------------
 def load_metrics():
     """{topology: [rows of seed 1, rows of seed 2, ...]} from <results_dir>/metrics."""
-    missing = [run_name(*run) for run in runs if not os.path.exists(os.path.join(metrics_dir, run_name(*run) + ".jsonl"))]
+    paths = {run_name(*run): os.path.join(metrics_dir, run_name(*run) + ".jsonl") for run in runs}
+    missing = [name for name, path in paths.items() if not os.path.exists(path)]
     if missing:
         fail(f"no metrics in {metrics_dir} for {', '.join(missing)}; train them first (--train=True)")
     curves = {name: [] for name in names}
     for topology, seed in runs:
-        with open(os.path.join(metrics_dir, run_name(topology, seed) + ".jsonl")) as f:
+        with open(paths[run_name(topology, seed)]) as f:
             curves[topology].append([json.loads(line) for line in f])
     return curves
 
@@ -313,7 +315,8 @@ def report(wall_s):
                            machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
                                    f"Python {platform.python_version()}, torch {torch.__version__}"), f)
     info = json.load(open(run_info_path)) if os.path.exists(run_info_path) else None
-    shown_args = [os.path.relpath(a, HERE) if a.startswith(HERE) else a for a in PRESETS[preset] + shlex.split(train_args)]
+    shown_args = [os.path.relpath(arg, HERE) if arg.startswith(HERE) else arg
+                  for arg in PRESETS[preset] + shlex.split(train_args)]
     text = [f"# Residual topologies compared ({preset} preset)", "",
             f"Each run: `python train.py {shlex.join(shown_args)} --residual=R --seed=S`, "
             f"seeds {', '.join(map(str, seed_list))}."]

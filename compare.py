@@ -76,11 +76,14 @@ def run_name(topology, seed):
     return f"{topology}-s{seed}"
 
 
+def run_dir(topology, seed):
+    return os.path.join(runs_dir, run_name(topology, seed))
+
+
 def train_arguments(topology, seed):
     """train.py's arguments for one run; run.json keeps them to recognise the run."""
-    out_dir = os.path.join(runs_dir, run_name(topology, seed))
     return PRESETS[preset] + shlex.split(train_args) + [
-        f"--residual={topology}", f"--seed={seed}", f"--out_dir={out_dir}", "--progress=False"]
+        f"--residual={topology}", f"--seed={seed}", f"--out_dir={run_dir(topology, seed)}", "--progress=False"]
 
 
 def run_state(out_dir, arguments):
@@ -116,8 +119,7 @@ def train_all():
     the running ones save a checkpoint and stop; the next call resumes them."""
     pending = []
     for topology, seed in runs:
-        arguments = train_arguments(topology, seed)
-        out_dir = os.path.join(runs_dir, run_name(topology, seed))
+        arguments, out_dir = train_arguments(topology, seed), run_dir(topology, seed)
         state = run_state(out_dir, arguments)
         if state != "done":
             pending.append((out_dir, arguments, state == "resume"))
@@ -137,7 +139,7 @@ def train_all():
     signal.signal(signal.SIGTERM, stop)
     with tqdm(total=len(pending), desc="runs", unit="run", dynamic_ncols=True) as bar:
         while pending or running:
-            while pending and len(running) < jobs and not stopped:
+            while pending and len(running) < jobs:
                 out_dir, arguments, resume = pending.pop(0)
                 os.makedirs(out_dir, exist_ok=True)
                 write_run_info(out_dir, arguments, finished=False)
@@ -164,7 +166,7 @@ def train_all():
         sys.exit(1)
     os.makedirs(metrics_dir, exist_ok=True)
     for topology, seed in runs:
-        shutil.copyfile(os.path.join(runs_dir, run_name(topology, seed), "metrics.jsonl"),
+        shutil.copyfile(os.path.join(run_dir(topology, seed), "metrics.jsonl"),
                         os.path.join(metrics_dir, run_name(topology, seed) + ".jsonl"))
 
 
@@ -233,6 +235,12 @@ def mean_curve(seed_rows, key):
     return iters, [statistics.mean(v) for v in values], [min(v) for v in values], [max(v) for v in values]
 
 
+def save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_val_loss(curves, path):
     """Left the whole run, right the second half enlarged: the differences live there."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -248,9 +256,7 @@ def plot_val_loss(curves, path):
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("loss")
     axes[0].legend(fontsize=8)  # the left panel's upper right is empty
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_gain(curves, path):
@@ -266,9 +272,7 @@ def plot_gain(curves, path):
         ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_gates(curves, path):
@@ -293,9 +297,7 @@ def plot_gates(curves, path):
         ax.set_xlabel("layer, sublayer")
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def report(wall_s):

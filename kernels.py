@@ -348,6 +348,13 @@ def stream_read(h, pre):
     return _StreamRead.apply(h, pre)
 
 
+def dynamic_read(h, W, alpha, groups, bias, eps=1e-6):
+    """residuals.dynamic_read with the read as the kernel above: the coefficient maths
+    is a few small matmuls on (B,T,2n+K) coefficients, left to PyTorch (and cuBLAS)."""
+    pre, post, res = residuals.dynamic_coefficients(h, W, alpha, groups, bias, eps)
+    return stream_read(h, pre), post, res, h
+
+
 # Stream write. out_i = sum_j mix_ij h_j + post_i y (full mix; diagonal: mix_i h_i;
 # identity: h_i), each a row of C. With g = d loss / d out:
 #     dh_j = sum_i mix_ij g_i     (diagonal: mix_j g_j; identity: g itself)

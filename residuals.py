@@ -101,8 +101,9 @@ class _StreamWrite(torch.autograd.Function):
         else:
             dtype = torch.promote_types(h.dtype, y.dtype)  # as above; not autocast's bf16: the state keeps its dtype
             with torch.autocast(h.device.type, enabled=False):
-                write = _tokens((post * y.unsqueeze(-2)).to(dtype), n, C)
-                out = torch.baddbmm(write, _tokens(mix.to(dtype), n, n), _tokens(h.to(dtype), n, C)).view(h.shape)
+                # bmm, then the write in place: a CPU baddbmm of many tiny matrices is ~4x slower than the two
+                out = torch.bmm(_tokens(mix.to(dtype), n, n), _tokens(h.to(dtype), n, C)).view(h.shape)
+                out.addcmul_(post.to(dtype), y.unsqueeze(-2).to(dtype))
         ctx.save_for_backward(None if mix is None else h, mix, post, y)  # the identity needs no h
         return out
 
@@ -281,6 +282,107 @@ def rms_projection(x, W, eps=1e-6):
 
 
 # -----------------------------------------------------------------------------
+# The dynamic read of mHC and of every iHC variant: the coefficients and the read
+# in one autograd node. As separate ops (the reference below) three backward
+# nodes each write a gradient as wide as the state for h (the write's, the read's
+# pre * dx, the projection's), and autograd adds them up: five wide tensors where
+# one will do. Here the write's gradient comes in as the gradient of the h this
+# function hands back, and one buffer takes every term.
+
+
+def _float32_or_wider(t):
+    return t.to(torch.promote_types(t.dtype, torch.float32))  # bf16 -> float32; float64 (tests) stays
+
+
+def dynamic_coefficients(h, W, alpha, groups, bias, eps=1e-6):
+    """mHC's coefficient maths (arXiv 2512.24880, Eqs. 7-9), the reference for dynamic_read:
+
+        z    = (alpha @ groups) * (RMSNorm(flatten(h)) @ W) + bias        (B,T,2n+K)
+        pre  = sigmoid(z[:n]), post = 2 sigmoid(z[n:2n]), res = z[2n:]
+
+    alpha (3,) holds the scales a_pre, a_post, a_res; groups (3, 2n+K) is one-hot,
+    row g marking the coefficients a_g scales. h (B,T,n,C), W (n*C, 2n+K), bias
+    (2n+K,) -> pre (B,T,n), post (B,T,n), res (B,T,K), all float32."""
+    B, T, n, C = h.shape
+    with torch.autocast(h.device.type, enabled=False):  # coefficient maths in float32
+        z = torch.addcmul(bias, rms_projection(_float32_or_wider(h).reshape(B, T, n * C), W, eps), alpha @ groups)
+        pre, post, res = z.split([n, n, z.shape[-1] - 2 * n], -1)
+    return pre.sigmoid(), 2 * post.sigmoid(), res
+
+
+class _DynamicRead(torch.autograd.Function):
+    """dynamic_coefficients, then x = stream_read(h, pre), in one node.
+
+    With D = n*C, v = h @ W, r = rsqrt(mean(h^2) + eps), u = v r, z = scale u + bias
+    (scale = alpha @ groups), s = sigmoid(z[:2n]) (pre = s[:n], post = 2 s[n:]);
+    given dx, dpost, dres and dh_out (the gradient of the h handed back: the write's):
+        dz     = [dpre, 2 dpost] s (1 - s), then dres;   dpre_i = sum_c h_ic dx_c
+        dalpha = groups @ sum_tokens(dz u),  dbias = sum_tokens(dz)
+        du     = scale dz,  dv = du r,  dW = h^T dv
+        dh     = dh_out + h dr + dv W^T + pre (outer) dx,  dr = -r^3 / D sum(du v) = -r^2 / D sum(du u)
+    On a CPU every op costs tens of microseconds however small its tensors, so the
+    small coefficient maths is written in as few ops as it takes.
+    """
+
+    @staticmethod
+    def forward(ctx, h, W, alpha, groups, bias, eps):
+        B, T, n, C = h.shape
+        D = n * C
+        with torch.autocast(h.device.type, enabled=False):
+            h2 = h.reshape(B * T, D)  # (BT, D): a view, a copy only of an expand()ed h
+            h32 = _float32_or_wider(h2)
+            scale = alpha @ groups  # (2n+K,)
+            r = torch.linalg.vector_norm(h32, dim=-1, keepdim=True)  # (BT, 1)
+            r = r.square_().div_(D).add_(eps).rsqrt_()
+            u = (h32 @ W).mul_(r)  # (BT, 2n+K)
+            z = torch.addcmul(bias, u, scale)
+            s = z[:, :2 * n].sigmoid()  # (BT, 2n): pre, post / 2
+            x = torch.bmm(s[:, None, :n].to(h.dtype), h2.view(-1, n, C))  # (BT,1,n) @ (BT,n,C)
+        ctx.save_for_backward(h2, W, groups, scale, r, u, s)
+        ctx.batch_shape = (B, T)
+        # h comes back as a view: the write takes it, so its gradient for h arrives in backward() below
+        return x.view(B, T, C), s[:, n:].mul(2).view(B, T, n), z[:, 2 * n:].view(B, T, -1), h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, dx, dpost, dres, dh_out):
+        h2, W, groups, scale, r, u, s = ctx.saved_tensors
+        (B, T), (BT, D), n = ctx.batch_shape, h2.shape, s.shape[1] // 2
+        C = D // n
+        with torch.autocast(h2.device.type, enabled=False):
+            dx = torch.zeros(BT, 1, C, dtype=h2.dtype, device=h2.device) if dx is None else dx.reshape(BT, 1, C)
+            dpre = torch.bmm(dx.to(h2.dtype), h2.view(BT, n, C).transpose(1, 2)).view(BT, n)  # (BT,1,C) @ (BT,C,n)
+            dpost = torch.zeros_like(s[:, n:]) if dpost is None else dpost.reshape(BT, n)
+            ds = torch.cat([dpre.to(s.dtype), dpost * 2], 1)  # (BT, 2n): d loss / d s
+            dz = torch.ops.aten.sigmoid_backward(ds, s)  # ds s (1 - s), one op
+            if dres is not None and dres.numel():
+                dz = torch.cat([dz, dres.reshape(BT, -1)], 1)  # (BT, 2n+K)
+            elif u.shape[1] > 2 * n:  # res unused: its logits get no gradient
+                dz = torch.cat([dz, torch.zeros_like(u[:, 2 * n:])], 1)
+            dalpha = groups @ torch.linalg.vecdot(dz, u, dim=0)  # (3, 2n+K) @ (2n+K,)
+            dbias = dz.sum(0)
+            du = dz.mul_(scale)
+            dv = du * r
+            dW = (dv.t() @ _float32_or_wider(h2)).t()  # as (K, BT) @ (BT, D): h2 is read along its rows
+            dh = None
+            if ctx.needs_input_grad[0]:
+                dr = torch.linalg.vecdot(du, u).mul_(r.view(BT).square()).div_(-D)  # (BT,)
+                h32 = _float32_or_wider(h2).view(B, T, n, C)
+                # one fresh buffer takes every term; dh_out may be an expand()ed gradient (the final mean)
+                dr = dr.view(B, T, 1, 1)
+                dh = h32 * dr if dh_out is None else torch.addcmul(dh_out, h32, dr)
+                dh.view(BT, D).addmm_(dv, W.t())
+                dh.view(BT, n, C).addcmul_(s[:, :n, None], dx.to(s.dtype))  # pre (outer) dx
+                dh = dh.to(h2.dtype)
+        return dh, dW, dalpha, None, dbias, None
+
+
+def dynamic_read(h, W, alpha, groups, bias, eps=1e-6):
+    """(pre, post, res) = dynamic_coefficients(h, W, alpha, groups, bias); x = stream_read(h, pre).
+    Returns x (B,T,C), post (B,T,n), res (B,T,K) and h: pass that h on to the write."""
+    return _DynamicRead.apply(h, W, alpha, groups, bias, eps)
+
+
+# -----------------------------------------------------------------------------
 # The topologies
 
 
@@ -336,7 +438,8 @@ class DynamicStreams(nn.Module):
         K = self.n_mix_logits(n)
         self.proj = nn.Parameter(torch.zeros(n * C, 2 * n + K))  # W, weight-decayed
         self.alpha = nn.Parameter(torch.full((3,), config.alpha_init))  # a_pre, a_post, a_res
-        self.register_buffer("alpha_index", torch.tensor([0] * n + [1] * n + [2] * K), persistent=False)
+        groups = torch.tensor([0] * n + [1] * n + [2] * K)
+        self.register_buffer("groups", nn.functional.one_hot(groups, 3).float().t().contiguous(), persistent=False)
         pre = read_weights_init(n, sublayer_index)
         b_pre = torch.log(pre / (1 - pre))  # sigmoid(b_pre) = pre
         b_post = torch.zeros(n)  # 2 sigmoid(0) = 1
@@ -344,16 +447,10 @@ class DynamicStreams(nn.Module):
 
     def coefficients(self, h):
         """h (B,T,n,C) -> pre (B,T,n), post (B,T,n), res (B,T,K), all float32"""
-        B, T, n, C = h.shape
-        with torch.autocast(h.device.type, enabled=False):  # coefficient maths in float32
-            flat = h.float().reshape(B, T, n * C)
-            z = torch.addcmul(self.bias, rms_projection(flat, self.proj), self.alpha[self.alpha_index])  # (B,T,2n+K)
-            pre, post, res = z.split([n, n, z.shape[-1] - 2 * n], -1)  # one backward node, not one per slice
-        return pre.sigmoid(), 2 * post.sigmoid(), res
+        return dynamic_coefficients(h, self.proj, self.alpha, self.groups, self.bias)
 
     def forward(self, h, sublayer):
-        pre, post, res = self.coefficients(h)
-        x = self.ops.stream_read(h, pre)  # (B,T,C)
+        x, post, res, h = self.ops.dynamic_read(h, self.proj, self.alpha, self.groups, self.bias)  # x (B,T,C)
         return self.ops.stream_write(h, self.mix(res), post, sublayer(x))
 
     def mix_matrix(self, h):
@@ -494,18 +591,18 @@ class HyperConnection(nn.Module):
         self.n, self.ops = n, ops
         self.proj = nn.Parameter(torch.zeros(C, 2 + n))  # [W_pre | W_post | W_res]
         self.alpha = nn.Parameter(torch.full((3,), config.alpha_init))  # s_pre, s_post, s_res
-        self.register_buffer("alpha_index", torch.tensor([0, 1] + [2] * n), persistent=False)
+        self.register_buffer("groups", nn.functional.one_hot(torch.tensor([0, 1] + [2] * n), 3).float().t().contiguous(),
+                             persistent=False)  # (3, 2+n): which scale each coefficient of a stream takes
         self.pre_static = nn.Parameter(torch.eye(n)[sublayer_index % n])
         self.post_static = nn.Parameter(torch.ones(n))
         self.mix_static = nn.Parameter(torch.eye(n))
 
     def coefficients(self, h):
         with torch.autocast(h.device.type, enabled=False):
-            z = torch.tanh(rms_projection(h.float(), self.proj)) * self.alpha[self.alpha_index]  # (B,T,n,2+n), hn_i @ W
-        pre = self.pre_static + z[..., 0]  # (B,T,n)
-        post = self.post_static + z[..., 1]  # (B,T,n)
-        mix = self.mix_static + z[..., 2:]  # (B,T,n,n)
-        return pre, post, mix
+            z = torch.tanh(rms_projection(h.float(), self.proj)) * (self.alpha @ self.groups)  # (B,T,n,2+n), hn_i @ W
+        static = torch.cat([self.pre_static[:, None], self.post_static[:, None], self.mix_static], 1)  # (n, 2+n)
+        pre, post, mix = (static + z).split([1, 1, self.n], -1)  # one backward node, not one per slice
+        return pre.squeeze(-1), post.squeeze(-1), mix  # (B,T,n), (B,T,n), (B,T,n,n)
 
     def forward(self, h, sublayer):
         pre, post, mix = self.coefficients(h)

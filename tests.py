@@ -688,6 +688,57 @@ def test_rms_projection_tiny_inputs():
     assert_same(rms_projection, rms_formula, dict(x=x, W=W), torch.randn(4, 3, dtype=torch.float64), 1e-10)
 
 
+# --- dynamic_read ------------------------------------------------------------------------
+
+DYNAMIC_OUTPUTS = ("x", "post", "res", "h")
+
+
+def coefficient_groups(n, K, dtype=torch.float64):
+    """(3, 2n+K) one-hot: alpha[0] scales the n pre logits, alpha[1] the n post, alpha[2] the K res."""
+    return F.one_hot(torch.tensor([0] * n + [1] * n + [2] * K), 3).to(dtype).t()
+
+
+@pytest.mark.parametrize("n,K", [(2, 0), (4, 0), (4, 4), (4, 16), (3, 6)], ids=["ihc2", "ihc", "gated", "mhc", "lite3"])
+@EXPANDED
+@pytest.mark.parametrize("used", [DYNAMIC_OUTPUTS, ("x",), ("x", "post", "h")], ids=["all", "x", "no-res"])
+def test_dynamic_read_matches_reference(n, K, expanded, used):
+    """The fused read against dynamic_coefficients + the read formula, float64: every
+    output, and the gradient of h, W, alpha and bias, whichever outputs the loss uses.
+    The h it hands back carries the write's gradient: it must reach h unchanged."""
+    g = torch.Generator().manual_seed(n + K)
+    h = torch.randn(SB, ST, 1 if expanded else n, SC, generator=g, dtype=torch.float64).expand(SB, ST, n, SC)
+    inputs = dict(h=h, W=torch.randn(n * SC, 2 * n + K, generator=g, dtype=torch.float64) / SC ** 0.5,
+                  alpha=torch.rand(3, generator=g, dtype=torch.float64) + 0.5,
+                  bias=torch.randn(2 * n + K, generator=g, dtype=torch.float64))
+    shapes = dict(x=(SB, ST, SC), post=(SB, ST, n), res=(SB, ST, K), h=(SB, ST, n, SC))
+    weights = {name: torch.randn(*shapes[name], generator=g, dtype=torch.float64) for name in used}
+
+    def run(fn):
+        leaves = {k: v.detach().clone().requires_grad_() for k, v in inputs.items()}
+        outs = dict(zip(DYNAMIC_OUTPUTS, fn(groups=coefficient_groups(n, K), **leaves)))
+        loss = sum((outs[name] * w).sum() for name, w in weights.items())
+        return outs, dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
+
+    outs, grads = run(residuals.dynamic_read)
+    ref_outs, ref_grads = run(dynamic_read_formula)
+    for name in DYNAMIC_OUTPUTS:
+        torch.testing.assert_close(outs[name], ref_outs[name], rtol=1e-12, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    for name in inputs:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-10, atol=1e-12, msg=lambda m: f"d {name}: {m}")
+
+
+def test_dynamic_read_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    n, K = 3, 4
+    h, W, alpha, bias = (torch.randn(SB, ST, n, SC, generator=g, dtype=torch.float64),
+                         torch.randn(n * SC, 2 * n + K, generator=g, dtype=torch.float64) / SC ** 0.5,
+                         torch.rand(3, generator=g, dtype=torch.float64) + 0.5,
+                         torch.randn(2 * n + K, generator=g, dtype=torch.float64))
+    groups = coefficient_groups(n, K)
+    assert torch.autograd.gradcheck(lambda h, W, alpha, bias: residuals.dynamic_read(h, W, alpha, groups, bias),
+                                    [t.requires_grad_() for t in (h, W, alpha, bias)])
+
+
 # --- sinkhorn ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("iters", [1, 2, 3, 20])
@@ -719,11 +770,17 @@ def test_sinkhorn_gradient_float32_matches_float64():
 
 # --- the whole model: the fast ops change nothing ----------------------------------------
 
+def dynamic_read_formula(h, W, alpha, groups, bias, eps=1e-6):
+    pre, post, res = residuals.dynamic_coefficients(h, W, alpha, groups, bias, eps)  # through rms_projection
+    return read_formula(h, pre), post, res, h
+
+
 class PlainOps:
     """The stream ops as plain formulas, differentiated by autograd."""
     stream_read = staticmethod(read_formula)
     stream_write = staticmethod(write_formula)
     sinkhorn = staticmethod(sinkhorn_reference)
+    dynamic_read = staticmethod(dynamic_read_formula)
 
 
 @pytest.mark.parametrize("name", [name for name in TOPOLOGIES if name != "residual"])

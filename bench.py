@@ -59,6 +59,9 @@ def cpu_section():
     torch.manual_seed(seed)
     data = training_tokens()
     gen = torch.Generator().manual_seed(seed)
+    # the eight models run the same model.py code: past dynamo's default of 8 compiles per
+    # code object the later ones would silently run eager
+    torch._dynamo.config.recompile_limit = 64
     models = {name: cpu_model(name) for name in TOPOLOGIES}
     times = {name: [] for name in TOPOLOGIES}
     for r in range(warmup + rounds):

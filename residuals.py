@@ -349,15 +349,13 @@ class _DynamicRead(torch.autograd.Function):
         (B, T), (BT, D), n = ctx.batch_shape, h2.shape, s.shape[1] // 2
         C = D // n
         with torch.autocast(h2.device.type, enabled=False):
-            dx = torch.zeros(BT, 1, C, dtype=h2.dtype, device=h2.device) if dx is None else dx.reshape(BT, 1, C)
+            # autograd hands zeros, not None, for an output the loss does not use
+            dx = dx.reshape(BT, 1, C)
             dpre = torch.bmm(dx.to(h2.dtype), h2.view(BT, n, C).transpose(1, 2)).view(BT, n)  # (BT,1,C) @ (BT,C,n)
-            dpost = torch.zeros_like(s[:, n:]) if dpost is None else dpost.reshape(BT, n)
-            ds = torch.cat([dpre.to(s.dtype), dpost * 2], 1)  # (BT, 2n): d loss / d s
+            ds = torch.cat([dpre.to(s.dtype), dpost.reshape(BT, n) * 2], 1)  # (BT, 2n): d loss / d s
             dz = torch.ops.aten.sigmoid_backward(ds, s)  # ds s (1 - s), one op
-            if dres is not None and dres.numel():
+            if u.shape[1] > 2 * n:  # the MIX logits res
                 dz = torch.cat([dz, dres.reshape(BT, -1)], 1)  # (BT, 2n+K)
-            elif u.shape[1] > 2 * n:  # res unused: its logits get no gradient
-                dz = torch.cat([dz, torch.zeros_like(u[:, 2 * n:])], 1)
             dalpha = groups @ torch.linalg.vecdot(dz, u, dim=0)  # (3, 2n+K) @ (2n+K,)
             dbias = dz.sum(0)
             du = dz.mul_(scale)
@@ -369,7 +367,7 @@ class _DynamicRead(torch.autograd.Function):
                 h32 = _float32_or_wider(h2).view(B, T, n, C)
                 # one fresh buffer takes every term; dh_out may be an expand()ed gradient (the final mean)
                 dr = dr.view(B, T, 1, 1)
-                dh = h32 * dr if dh_out is None else torch.addcmul(dh_out, h32, dr)
+                dh = torch.addcmul(dh_out, h32, dr)
                 dh.view(BT, D).addmm_(dv, W.t())
                 dh.view(BT, n, C).addcmul_(s[:, :n, None], dx.to(s.dtype))  # pre (outer) dx
                 dh = dh.to(h2.dtype)

@@ -5,6 +5,7 @@ doubly stochastic matrix.
 
     python bench.py --device=cpu                  # eager PyTorch, train.py's CPU model
     python bench.py --device=cpu --compile=True   # the same under torch.compile (needs a C++ compiler)
+    python bench.py --profile=ihc                 # where ihc's added step time goes, op by op
 
 Every topology trains its own model (n_streams 4; residual 1) on real batches.
 After a warmup the models take turns, one step each per round, so whatever else
@@ -48,10 +49,14 @@ warmup = 3  # untimed rounds first (with compile=True these compile the models)
 rounds = 20  # timed rounds; every topology takes one step per round
 n_streams = 4  # for every topology but residual (1)
 seed = 1337
+profile = ""  # a topology: instead of the table, where its added step time goes, op by op (CPU)
 # -----------------------------------------------------------------------------
 configure(globals())
 if warmup < 1 or rounds < 1:
     fail(f"warmup ({warmup}) and rounds ({rounds}) must be at least 1")
+if profile and (profile not in TOPOLOGIES or profile == "residual" or device != "cpu"):
+    fail(f"--profile takes a topology other than residual, with --device=cpu; got '{profile}' on {device}; "
+         f"choose one of: {', '.join(name for name in TOPOLOGIES if name != 'residual')}")
 
 
 def cpu_section():
@@ -82,6 +87,37 @@ def cpu_section():
         print(f"| {name} | {1 if name == 'residual' else n_streams} | {1e3 * step:.1f} | {step / base:.2f}x "
               f"| {saved:.1f} | {params:,} |")
     sinkhorn_gap()
+
+
+def profile_section(name, steps=10, rows=20):
+    """Where `name`'s added step time goes: torch.profiler's self CPU time per op (and
+    input shapes) per step, for `name` and for `residual` on the same batches, the
+    largest difference first. The profiler slows every op, small ones most."""
+    from torch.profiler import profile as profiled  # `profile` is the setting
+    data = training_tokens()
+    per_op = {}
+    for topology in ("residual", name):
+        torch.manual_seed(seed)
+        model, optimizer = cpu_model(topology)
+        gen = torch.Generator().manual_seed(seed)
+        batches = [batch(data, gen, batch_size=12, block_size=64) for _ in range(warmup + steps)]
+        for x, y in batches[:warmup]:
+            first_step(model, optimizer, x, y)
+        with profiled(record_shapes=True) as prof:
+            for x, y in batches[warmup:]:
+                timed_step(model, optimizer, x, y)
+        per_op[topology] = {(e.key, str(e.input_shapes)): (e.count / steps, e.self_cpu_time_total / steps / 1e3)
+                            for e in prof.key_averages(group_by_input_shape=True)}
+    base, ours = per_op["residual"], per_op[name]
+    added = {key: ours.get(key, (0, 0))[1] - base.get(key, (0, 0))[1] for key in base.keys() | ours.keys()}
+    total = {t: sum(ms for _, ms in per_op[t].values()) for t in per_op}
+    print(f"\ntorch.profiler, self CPU ms per step, mean of {steps} steps, {torch.get_num_threads()} threads; "
+          f"residual {total['residual']:.1f}, {name} {total[name]:.1f}; the {rows} ops adding the most\n")
+    print(f"| op | input shapes | calls per step | residual ms | {name} ms | added ms |")
+    print("|---|---|---|---|---|---|")
+    for key in sorted(added, key=added.get, reverse=True)[:rows]:
+        calls, ms = ours.get(key, (0, 0))
+        print(f"| {key[0]} | {key[1]} | {calls:g} | {base.get(key, (0, 0))[1]:.2f} | {ms:.2f} | {added[key]:+.2f} |")
 
 
 def cpu_model(name):
@@ -302,4 +338,7 @@ def gpu_section():
 SECTIONS = {"cpu": cpu_section, "cuda": gpu_section}
 if device not in SECTIONS:
     fail(f"no benchmark section for device '{device}'; choose one of: {', '.join(SECTIONS)}")
-SECTIONS[device]()
+if profile:
+    profile_section(profile)
+else:
+    SECTIONS[device]()

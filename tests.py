@@ -318,6 +318,7 @@ def test_train_checks_out_dir_before_training(tmp_path):
     ("sample.py", ["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
     ("bench.py", ["--device=tpu"], "no benchmark section for device 'tpu'; choose one of: cpu, cuda"),
     ("bench.py", ["--rounds=many"], "--rounds=many: expected a value of type int"),
+    ("bench.py", ["--profile=residual"], "--profile takes a topology other than residual, with --device=cpu"),
     ("compare.py", ["--topologies=mhc,MHC"], "--topologies=mhc,MHC: each must be one of " + ", ".join(TOPOLOGIES)),
     ("compare.py", ["--seeds=1,x"], "--seeds=1,x: expected comma-separated integers"),
     ("compare.py", ["--seeds=1,1"], "--seeds=1,1: a seed is listed twice"),
@@ -328,6 +329,21 @@ def test_scripts_reject_mistakes_in_one_line(script, args, message):
     result = run(script, *args, check=False)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bench_profile_names_where_the_time_goes():
+    """bench.py --profile=mhc: 20 ops, ranked by the time mhc adds to each over the
+    residual's step; the top one is an op the residual never runs, and mhc's
+    per-token 4 x 4 mix matrices show up."""
+    result = run("bench.py", "--profile=mhc", "--warmup=1")
+    rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| op |")]
+    assert len(rows) == 20, result.stdout
+    residual_ms, mhc_ms, added = ([float(row[i]) for row in rows] for i in (3, 4, 5))
+    assert added == sorted(added, reverse=True), result.stdout
+    assert all(abs(a - (m - r)) < 0.011 for a, m, r in zip(added, mhc_ms, residual_ms)), result.stdout
+    assert residual_ms[0] == 0 and mhc_ms[0] > 0, result.stdout
+    assert any("[768, 4, 4]" in row[1] for row in rows), result.stdout
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """
 Triton kernels for the three stream ops of residuals.py: Sinkhorn-Knopp, the
 stream read and the fused stream write, with the same signatures as the PyTorch
-versions. The model switches with GPTConfig(kernels="triton").
+versions (plus dynamic_read: the coefficient maths in PyTorch, then the read
+kernel). The model switches with GPTConfig(kernels="triton").
 
 What you will learn here (in the spirit of Triton's tutorials 02-fused-softmax
 and 05-layer-norm):

@@ -35,7 +35,8 @@ import torch.nn as nn
 
 # -----------------------------------------------------------------------------
 # The three stream ops, in PyTorch. kernels.py has Triton versions with the same
-# signatures; the model reaches them through one switch (GPTConfig.kernels).
+# signatures (and a dynamic_read, further down, built on its read); the model
+# reaches them through one switch (GPTConfig.kernels).
 #
 # Per token the maths is tiny: (1,n) @ (n,C) to read, (n,n) @ (n,C) to mix. On
 # a CPU the time goes into passes over the n-times-wider state (B,T,n,C), above
@@ -448,6 +449,7 @@ class DynamicStreams(nn.Module):
         return dynamic_coefficients(h, self.proj, self.alpha, self.groups, self.bias)
 
     def forward(self, h, sublayer):
+        # coefficients() and the read in one node; the write takes the h it hands back
         x, post, res, h = self.ops.dynamic_read(h, self.proj, self.alpha, self.groups, self.bias)  # x (B,T,C)
         return self.ops.stream_write(h, self.mix(res), post, sublayer(x))
 

@@ -291,6 +291,11 @@ def rms_projection(x, W, eps=1e-6):
 # function hands back, and one buffer takes every term.
 
 
+def scale_groups(*sizes):
+    """(3, sum(sizes)) one-hot: row g marks the coefficients that scale alpha[g] multiplies."""
+    return nn.functional.one_hot(torch.repeat_interleave(torch.arange(3), torch.tensor(sizes)), 3).float().t().contiguous()
+
+
 def _float32_or_wider(t):
     return t.to(torch.promote_types(t.dtype, torch.float32))  # bf16 -> float32; float64 (tests) stays
 
@@ -361,14 +366,13 @@ class _DynamicRead(torch.autograd.Function):
             dbias = dz.sum(0)
             du = dz.mul_(scale)
             dv = du * r
-            dW = (dv.t() @ _float32_or_wider(h2)).t()  # as (K, BT) @ (BT, D): h2 is read along its rows
+            h32 = _float32_or_wider(h2)
+            dW = (dv.t() @ h32).t()  # as (K, BT) @ (BT, D): h32 is read along its rows
             dh = None
             if ctx.needs_input_grad[0]:
                 dr = torch.linalg.vecdot(du, u).mul_(r.view(BT).square()).div_(-D)  # (BT,)
-                h32 = _float32_or_wider(h2).view(B, T, n, C)
                 # one fresh buffer takes every term; dh_out may be an expand()ed gradient (the final mean)
-                dr = dr.view(B, T, 1, 1)
-                dh = torch.addcmul(dh_out, h32, dr)
+                dh = torch.addcmul(dh_out, h32.view(B, T, n, C), dr.view(B, T, 1, 1))
                 dh.view(BT, D).addmm_(dv, W.t())
                 dh.view(BT, n, C).addcmul_(s[:, :n, None], dx.to(s.dtype))  # pre (outer) dx
                 dh = dh.to(h2.dtype)
@@ -437,8 +441,7 @@ class DynamicStreams(nn.Module):
         K = self.n_mix_logits(n)
         self.proj = nn.Parameter(torch.zeros(n * C, 2 * n + K))  # W, weight-decayed
         self.alpha = nn.Parameter(torch.full((3,), config.alpha_init))  # a_pre, a_post, a_res
-        groups = torch.tensor([0] * n + [1] * n + [2] * K)
-        self.register_buffer("groups", nn.functional.one_hot(groups, 3).float().t().contiguous(), persistent=False)
+        self.register_buffer("groups", scale_groups(n, n, K), persistent=False)  # (3, 2n+K)
         pre = read_weights_init(n, sublayer_index)
         b_pre = torch.log(pre / (1 - pre))  # sigmoid(b_pre) = pre
         b_post = torch.zeros(n)  # 2 sigmoid(0) = 1
@@ -591,15 +594,14 @@ class HyperConnection(nn.Module):
         self.n, self.ops = n, ops
         self.proj = nn.Parameter(torch.zeros(C, 2 + n))  # [W_pre | W_post | W_res]
         self.alpha = nn.Parameter(torch.full((3,), config.alpha_init))  # s_pre, s_post, s_res
-        self.register_buffer("groups", nn.functional.one_hot(torch.tensor([0, 1] + [2] * n), 3).float().t().contiguous(),
-                             persistent=False)  # (3, 2+n): which scale each coefficient of a stream takes
+        self.register_buffer("groups", scale_groups(1, 1, n), persistent=False)  # (3, 2+n), per stream
         self.pre_static = nn.Parameter(torch.eye(n)[sublayer_index % n])
         self.post_static = nn.Parameter(torch.ones(n))
         self.mix_static = nn.Parameter(torch.eye(n))
 
     def coefficients(self, h):
         with torch.autocast(h.device.type, enabled=False):
-            z = torch.tanh(rms_projection(h.float(), self.proj)) * (self.alpha @ self.groups)  # (B,T,n,2+n), hn_i @ W
+            z = torch.tanh(rms_projection(_float32_or_wider(h), self.proj)) * (self.alpha @ self.groups)  # (B,T,n,2+n), hn_i @ W
         static = torch.cat([self.pre_static[:, None], self.post_static[:, None], self.mix_static], 1)  # (n, 2+n)
         pre, post, mix = (static + z).split([1, 1, self.n], -1)  # one backward node, not one per slice
         return pre.squeeze(-1), post.squeeze(-1), mix  # (B,T,n), (B,T,n), (B,T,n,n)

@@ -743,6 +743,36 @@ def test_dynamic_read_matches_reference(n, K, expanded, used):
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-10, atol=1e-12, msg=lambda m: f"d {name}: {m}")
 
 
+@pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
+def test_coefficients_follow_the_papers_equations(name):
+    """Each of alpha's three scales multiplies its own group of logits (mHC Eqs. 7-9,
+    HC Eqs. 10-13), checked with three different scales against the equations
+    written out from W's column blocks."""
+    torch.manual_seed(0)
+    n, C = 4, 8
+    config = GPTConfig(n_embd=C, n_head=2, residual=name, n_streams=n)
+    topology = TOPOLOGIES[name](config, 1, residuals).double()
+    with torch.no_grad():
+        for p in topology.parameters():
+            p.add_(torch.randn_like(p))
+        topology.alpha.copy_(torch.tensor([0.5, 2.0, -3.0]))
+    h = torch.randn(2, 3, n, C, dtype=torch.float64)
+    a_pre, a_post, a_res = topology.alpha
+    W, b = topology.proj, getattr(topology, "bias", None)
+    with torch.no_grad():
+        pre, post, res = topology.coefficients(h)
+        if name == "hc":  # per stream, from its own normalized state
+            z = F.rms_norm(h, (C,), eps=1e-6) @ W  # (B,T,n,2+n)
+            want = (topology.pre_static + a_pre * z[..., 0].tanh(), topology.post_static + a_post * z[..., 1].tanh(),
+                    topology.mix_static + a_res * z[..., 2:].tanh())
+        else:
+            z = F.rms_norm(h.flatten(-2), (n * C,), eps=1e-6) @ W  # (B,T,2n+K)
+            want = ((a_pre * z[..., :n] + b[:n]).sigmoid(), 2 * (a_post * z[..., n:2 * n] + b[n:2 * n]).sigmoid(),
+                    a_res * z[..., 2 * n:] + b[2 * n:])
+    for got, expected, what in zip((pre, post, res), want, ("pre", "post", "mix" if name == "hc" else "res")):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} {what}: {m}")
+
+
 def test_dynamic_read_gradcheck():
     g = torch.Generator().manual_seed(0)
     n, K = 3, 4

@@ -39,7 +39,7 @@ import kernels
 import residuals
 from configurator import configure, fail
 from model import GPT, GPTConfig
-from prepare import DATA_DIR, prepare_dataset
+from prepare import DATA_DIR, get_batch, prepare_dataset
 from residuals import TOPOLOGIES, sinkhorn
 
 # -----------------------------------------------------------------------------
@@ -67,25 +67,31 @@ def cpu_section():
     # the eight models run the same model.py code: past dynamo's default of 8 compiles per
     # code object the later ones would silently run eager
     torch._dynamo.config.recompile_limit = 64
-    models = {name: cpu_model(name) for name in TOPOLOGIES}
-    times = {name: [] for name in TOPOLOGIES}
+    # every topology with the fused ops (the CPU default) and with the reference ops
+    # (residuals.py, plain autograd: what the fused ones buy); residual has no stream ops
+    runs = [(name, kernels) for name in TOPOLOGIES for kernels in ("fused", "reference")
+            if name != "residual" or kernels == "fused"]
+    models = {run: cpu_model(*run) for run in runs}
+    times = {run: [] for run in runs}
     for r in range(warmup + rounds):
-        x, y = batch(data, gen, batch_size=12, block_size=64)
-        for name, (model, optimizer) in models.items():
+        x, y = get_batch(data, 12, 64, gen)
+        for run, (model, optimizer) in models.items():
             dt = first_step(model, optimizer, x, y) if r == 0 else timed_step(model, optimizer, x, y)
             if r >= warmup:
-                times[name].append(dt)
-    base = statistics.median(times["residual"])
+                times[run].append(dt)
+    step = {run: statistics.median(times[run]) for run in runs}
+    base = step["residual", "fused"]
     print(f"\n{'compiled' if compile else 'eager'}, CPU, {torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"4 layers x 128, batch 12 x 64, float32; median of {rounds} rounds; load average {os.getloadavg()[0]:.2f}\n")
-    print("| topology | n | step (ms) | vs residual | saved (MiB) | params |")
-    print("|---|---|---|---|---|---|")
-    for name, (model, optimizer) in models.items():
-        step = statistics.median(times[name])
+    print("| topology | n | step (ms) | vs residual | reference ops (ms) | vs residual | saved (MiB) | params |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in TOPOLOGIES:
+        model = models[name, "fused"][0]
         params = sum(p.numel() for p in model.parameters())
         saved = saved_bytes(model, x, y) / 2 ** 20
-        print(f"| {name} | {1 if name == 'residual' else n_streams} | {1e3 * step:.1f} | {step / base:.2f}x "
-              f"| {saved:.1f} | {params:,} |")
+        ref = step.get((name, "reference"), base)
+        print(f"| {name} | {1 if name == 'residual' else n_streams} | {1e3 * step[name, 'fused']:.1f} "
+              f"| {step[name, 'fused'] / base:.2f}x | {1e3 * ref:.1f} | {ref / base:.2f}x | {saved:.1f} | {params:,} |")
     sinkhorn_gap()
 
 
@@ -100,7 +106,7 @@ def profile_section(name, steps=10, rows=20):
         torch.manual_seed(seed)
         model, optimizer = cpu_model(topology)
         gen = torch.Generator().manual_seed(seed)
-        batches = [batch(data, gen, batch_size=12, block_size=64) for _ in range(warmup + steps)]
+        batches = [get_batch(data, 12, 64, gen) for _ in range(warmup + steps)]
         for x, y in batches[:warmup]:
             first_step(model, optimizer, x, y)
         with profiled(record_shapes=True) as prof:
@@ -120,9 +126,9 @@ def profile_section(name, steps=10, rows=20):
         print(f"| {key[0]} | {key[1]} | {calls:g} | {base.get(key, (0, 0))[1]:.2f} | {ms:.2f} | {added[key]:+.2f} |")
 
 
-def cpu_model(name):
+def cpu_model(name, kernels="fused"):
     config = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, bias=False, dropout=0.0,
-                       residual=name, n_streams=1 if name == "residual" else n_streams, kernels="torch")
+                       residual=name, n_streams=1 if name == "residual" else n_streams, kernels=kernels)
     model = GPT(config)
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
     return torch.compile(model) if compile else model, optimizer
@@ -132,12 +138,7 @@ def training_tokens():
     path = os.path.join(DATA_DIR, "shakespeare_char", "train.bin")
     if not os.path.exists(path):
         prepare_dataset("shakespeare_char")
-    return torch.from_numpy(np.fromfile(path, dtype=np.uint16).astype(np.int64))
-
-
-def batch(data, gen, batch_size, block_size):
-    ix = torch.randint(len(data) - block_size - 1, (batch_size, 1), generator=gen) + torch.arange(block_size)
-    return data[ix], data[ix + 1]  # (B, T) inputs, (B, T) targets
+    return np.memmap(path, dtype=np.uint16, mode="r")
 
 
 def timed_step(model, optimizer, x, y):

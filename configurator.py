@@ -77,3 +77,31 @@ def configure(config, argv=None):
         config[key] = parse_value(key, text, config[key])
         overridden.add(key)
     return overridden
+
+
+def choose_device(device, dtype, local_rank=0):
+    """The device and precision settings train.py and sample.py share. device:
+    auto (a CUDA GPU, then Apple's MPS, then the CPU), cpu, cuda, cuda:N or mps;
+    dtype: auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16
+    or float16. Returns (device, device_type, dtype, autocast context); a device
+    that is not there, or a name not in the lists, is a one-line error."""
+    from contextlib import nullcontext
+
+    import torch
+    if device == "auto":
+        device = (f"cuda:{local_rank}" if torch.cuda.is_available() else
+                  "mps" if torch.backends.mps.is_available() else "cpu")
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        fail(f"device '{device}' asked for, but torch sees no CUDA GPU; use --device=cpu or auto")
+    elif device == "mps" and not torch.backends.mps.is_available():
+        fail("device 'mps' asked for, but this torch has no MPS backend; use --device=cpu or auto")
+    elif device != "cpu" and not device.startswith(("cuda", "mps")):
+        fail(f"unknown device '{device}'; choose auto, cpu, cuda, cuda:N or mps")
+    device_type = device.split(":")[0]
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype == "auto":
+        dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    elif dtype not in dtypes:
+        fail(f"unknown dtype '{dtype}'; choose one of: auto, {', '.join(dtypes)}")
+    autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=dtypes[dtype])
+    return device, device_type, dtype, autocast

@@ -1,8 +1,8 @@
 """
 Triton kernels for the three stream ops of residuals.py: Sinkhorn-Knopp, the
-stream read and the fused stream write, with the same signatures as the PyTorch
-versions (plus dynamic_read: the coefficient maths in PyTorch, then the read
-kernel). The model switches with GPTConfig(kernels="triton").
+stream read and the fused stream write, with the same signatures as the
+reference there (plus dynamic_read: the reference coefficient maths, then the
+read kernel). The model switches with GPTConfig(kernels="triton").
 
 What you will learn here (in the spirit of Triton's tutorials 02-fused-softmax
 and 05-layer-norm):
@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-import residuals
+from residuals import dynamic_coefficients, rms_projection  # no kernels for these: small matmuls (cuBLAS)
 
 # Decided when the @triton.jit decorators below run: TRITON_INTERPRET=1 must be
 # set before triton is imported for the kernels to run (slowly) on the CPU.
@@ -55,13 +55,11 @@ def check_triton_available(device="cuda"):
 # -----------------------------------------------------------------------------
 # Sinkhorn-Knopp
 #
-# The spec: M = exp(L), then `iters` times divide each row by its sum and each
-# column by its sum. float32 exp of raw logits overflows, so, as residuals._Sinkhorn
-# does, iteration 1 runs in the log domain (row log-softmax, then column
-# log-normalization); after it every row sum stays in [1/n^2, n] and every column
-# sum in [1/n, n], so the remaining iters - 1 steps divide by sums safely.
-
-sinkhorn_reference = residuals.sinkhorn_reference  # (..., n, n) -> float32, log domain
+# The reference is residuals.sinkhorn: M = exp(L), then `iters` times divide each
+# row by its sum and each column by its sum. float32 exp of raw logits overflows,
+# so, as fused.py's Sinkhorn does (its docstring says why this is safe), iteration
+# 1 runs in the log domain (row log-softmax, then column log-normalization) and
+# the remaining iters - 1 steps divide by sums.
 
 # Backward. For y = x / s with s = sum(x) along a dim, dx = (dy - sum(dy * y)) / s:
 # each plain step needs its output (the current M) and its sums. Walking back we
@@ -274,8 +272,7 @@ def _zeros(BLOCK_T: tl.constexpr, K: tl.constexpr):
 # Stream read. x_c = sum_i pre_i h_ic, so dh_ic = pre_i dx_c and dpre_i = sum_c h_ic dx_c.
 # Bytes per token (s bytes per state element, pre float32): the forward reads
 # n*C*s + 4n and writes C*s; the backward reads (n+1)*C*s + 4n, writes n*C*s + 4n.
-
-stream_read_reference = residuals.stream_read
+# The reference is residuals.stream_read.
 
 
 @triton.jit
@@ -352,21 +349,17 @@ def stream_read(h, pre):
 def dynamic_read(h, W, alpha, groups, bias, eps=1e-6):
     """residuals.dynamic_read with the read as the kernel above: the coefficient maths
     is a few small matmuls on (B,T,2n+K) coefficients, left to PyTorch (and cuBLAS)."""
-    pre, post, res = residuals.dynamic_coefficients(h, W, alpha, groups, bias, eps)
-    return stream_read(h, pre), post, res, h
+    pre, post, res = dynamic_coefficients(h, W, alpha, groups, bias, eps)
+    return stream_read(h, pre), post, res
 
 
 # Stream write. out_i = sum_j mix_ij h_j + post_i y (full mix; diagonal: mix_i h_i;
-# identity: h_i), each a row of C. With g = d loss / d out:
-#     dh_j = sum_i mix_ij g_i     (diagonal: mix_j g_j; identity: g itself)
-#     dmix_ij = sum_c g_ic h_jc   (diagonal: sum_c g_ic h_ic)
-#     dpost_i = sum_c g_ic y_c,   dy = sum_i post_i g_i
+# identity: h_i), each a row of C; the reference is residuals.stream_write and
+# the backward's maths is derived once, in fused.py's _StreamWrite.
 # Bytes per token (s bytes per state element, coefficients float32, full mix):
 # the forward reads (n+1)*C*s + 4(n*n + n) and writes n*C*s; the backward reads
 # (2n+1)*C*s + 4(n*n + n) and writes (n+1)*C*s + 4(n*n + n). With the identity
 # the backward neither reads h nor writes dh (dh is g): (n+1)*C*s in, C*s out.
-
-stream_write_reference = residuals.stream_write
 
 MIX_IDENTITY, MIX_DIAGONAL, MIX_FULL = 0, 1, 2  # the MIX constexpr of the kernels
 

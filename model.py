@@ -38,29 +38,39 @@ class GPTConfig:
     sinkhorn_iters: int = 20  # mhc
     gate_c_max: float = 2.0  # norm_gated_ihc: cap of the norm correction c(g)
     gate_anchor: bool = False  # gated topologies: keep stream 0's gate at 1
-    kernels: str = "torch"  # stream ops: "torch" (residuals.py) or "triton" (kernels.py)
+    kernels: str = "fused"  # implementation of the stream ops: reference, fused or triton (see stream_ops)
 
 
 def check_config(config):
     """Raise ValueError with a one-line message for a config the model cannot build."""
     if config.residual not in TOPOLOGIES:
         raise ValueError(f"unknown residual '{config.residual}'; choose one of: {', '.join(TOPOLOGIES)}")
-    lo, hi = TOPOLOGIES[config.residual].streams
+    lo, hi = TOPOLOGIES[config.residual].n_streams_allowed
     if not lo <= config.n_streams <= hi:
         allowed = f"exactly {lo}" if lo == hi else f"from {lo} to {hi}"
         raise ValueError(f"residual '{config.residual}' needs n_streams {allowed}, got {config.n_streams}")
     if config.n_embd % config.n_head:
         raise ValueError(f"n_embd ({config.n_embd}) must be a multiple of n_head ({config.n_head})")
-    if config.kernels not in ("torch", "triton"):
-        raise ValueError(f"unknown kernels '{config.kernels}'; choose torch or triton")
+    if config.kernels not in KERNELS:
+        raise ValueError(f"unknown kernels '{config.kernels}'; choose one of: {', '.join(KERNELS)}")
+
+
+KERNELS = ("reference", "fused", "triton")
 
 
 def stream_ops(name):
-    """The one switch between the PyTorch stream ops and the Triton kernels."""
+    """The one switch: the module whose stream_read, stream_write, sinkhorn,
+    rms_projection and dynamic_read every topology calls. reference: residuals.py,
+    plain PyTorch that autograd differentiates (the maths); fused: fused.py, the
+    same ops with hand-written backwards (fast on a CPU); triton: kernels.py, GPU
+    kernels (or Triton's CPU interpreter with TRITON_INTERPRET=1)."""
     if name == "triton":
         import kernels  # imported only when asked for: it needs triton
         kernels.check_triton_available()  # RuntimeError with the reason, never a silent fallback
         return kernels
+    if name == "fused":
+        import fused
+        return fused
     return residuals
 
 
@@ -103,8 +113,8 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
-        self.attn_streams = Topology(config, 2 * layer, ops)  # sublayer index k = 2 * layer
-        self.mlp_streams = Topology(config, 2 * layer + 1, ops)
+        self.attn_topology = Topology(config, 2 * layer, ops)  # sublayer index k = 2 * layer
+        self.mlp_topology = Topology(config, 2 * layer + 1, ops)
 
     def attn_sublayer(self, x):
         return self.attn(self.ln_1(x))
@@ -113,8 +123,8 @@ class Block(nn.Module):
         return self.mlp(self.ln_2(x))
 
     def forward(self, h):  # h (B,T,n,C)
-        h = self.attn_streams(h, self.attn_sublayer)
-        return self.mlp_streams(h, self.mlp_sublayer)
+        h = self.attn_topology(h, self.attn_sublayer)
+        return self.mlp_topology(h, self.mlp_sublayer)
 
 
 class GPT(nn.Module):
@@ -148,12 +158,6 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def get_num_params(self, non_embedding=True):
-        n_params = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n_params -= self.transformer.wpe.weight.numel()
-        return n_params
-
     def embed(self, idx):
         """Token + position embedding, as n equal streams: (B,T) -> (B,T,n,C)."""
         B, T = idx.size()
@@ -162,7 +166,7 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B,T,C)
         return x.unsqueeze(2).expand(B, T, self.config.n_streams, x.size(-1))
 
-    def streams(self, idx):
+    def residual_state(self, idx):
         """The residual state after the last Block: (B,T,n,C)."""
         h = self.embed(idx)
         for block in self.transformer.h:
@@ -186,22 +190,23 @@ class GPT(nn.Module):
         product = torch.eye(n, device=idx.device).expand(*h.shape[:2], n, n)  # (B,T,n,n)
         gate_mean, gate_resets = [], []
         for block in self.transformer.h:
-            for streams, sublayer in ((block.attn_streams, block.attn_sublayer), (block.mlp_streams, block.mlp_sublayer)):
-                mix = streams.mix_matrix(h)
+            for topology, sublayer in ((block.attn_topology, block.attn_sublayer),
+                                       (block.mlp_topology, block.mlp_sublayer)):
+                mix = topology.mix_matrix(h)
                 if mix is not None:
                     product = mix.float() @ product
-                if isinstance(streams, residuals.GatedIHC):
-                    g = streams.gate_values(h)
+                if isinstance(topology, residuals.GatedIHC):
+                    g = topology.gate_values(h)
                     gate_mean.append(g.mean().item())
                     gate_resets.append((g < 0.01).float().mean().item())
-                h = streams(h, sublayer)
+                h = topology(h, sublayer)
         report = dict(gain_forward=product.abs().sum(-1).max().item(), gain_backward=product.abs().sum(-2).max().item())
         if gate_mean:
             report.update(gate_mean=gate_mean, gate_reset_fraction=gate_resets)
         return report
 
     def forward(self, idx, targets=None):
-        x = self.transformer.ln_f(self.streams(idx).mean(2))  # (B,T,C)
+        x = self.transformer.ln_f(self.residual_state(idx).mean(2))  # (B,T,C)
         if targets is not None:
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)

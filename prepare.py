@@ -13,6 +13,7 @@ import os
 import pickle
 
 import numpy as np
+import torch
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 SHAKESPEARE = os.path.join(DATA_DIR, "shakespeare", "input.txt")
@@ -69,6 +70,17 @@ def prepare_dataset(dataset):
     """Prepare one of the bundled datasets (train.py calls this on first use)."""
     input_file, tokenizer = DATASETS[dataset]
     return prepare(dataset, input_file, tokenizer)
+
+
+def get_batch(data, batch_size, block_size, generator, rows=slice(None)):
+    """batch_size windows of block_size tokens at random offsets of data (a token
+    array, e.g. a np.memmap of train.bin): inputs x and targets y, the next token
+    at each position, both (B, T) int64. rows keeps a slice of the drawn batch (a
+    DDP rank's share), so every rank draws the same offsets."""
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)[rows]
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
+    return x, y
 
 
 if __name__ == "__main__":

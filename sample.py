@@ -10,12 +10,11 @@ dataset's meta.pkl (characters) or the bundled GPT-2 tokenizer.
 """
 import os
 import pickle
-from contextlib import nullcontext
 
 import torch
 
-from configurator import configure, fail
-from model import GPT, GPTConfig
+from configurator import choose_device, configure, fail
+from model import GPT, KERNELS, GPTConfig
 from prepare import DATA_DIR, gpt2_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -28,18 +27,16 @@ top_k = 200  # keep only the top_k most likely tokens (0: all)
 seed = 1337
 device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
-kernels = "torch"  # stream ops for sampling: torch or triton
+kernels = "fused"  # the stream ops (model.stream_ops): reference, fused or triton
 # -----------------------------------------------------------------------------
 configure(globals())
 if num_samples < 1 or max_new_tokens < 1:
     fail("num_samples and max_new_tokens must be at least 1")
 if temperature <= 0:
     fail(f"temperature must be > 0, got {temperature}")
-if device == "auto":
-    device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-device_type = device.split(":")[0]
-if dtype == "auto":
-    dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+if kernels not in KERNELS:
+    fail(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
+device, device_type, dtype, autocast = choose_device(device, dtype)
 
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 if not os.path.exists(ckpt_path):
@@ -87,8 +84,6 @@ if not start_ids:
     fail("the prompt is empty; give --start with at least one character")
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 generator = torch.Generator(device=device).manual_seed(seed)
-ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
 with torch.no_grad(), autocast:
     for _ in range(num_samples):
         y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=generator)

@@ -19,15 +19,14 @@ import pickle
 import signal
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from configurator import config_keys, configure, fail
-from model import GPT, GPTConfig, check_config, stream_ops
-from prepare import DATA_DIR, DATASETS, prepare_dataset
+from configurator import choose_device, config_keys, configure, fail
+from model import GPT, KERNELS, GPTConfig, check_config, stream_ops
+from prepare import DATA_DIR, DATASETS, get_batch, prepare_dataset
 from residuals import TOPOLOGIES
 
 # -----------------------------------------------------------------------------
@@ -55,7 +54,7 @@ alpha_init = 0.01  # initial coefficient scales a_* (mHC) and s (HC)
 sinkhorn_iters = 20
 gate_c_max = 2.0
 gate_anchor = False
-kernels = "auto"  # auto (triton on CUDA, torch elsewhere), triton or torch
+kernels = "auto"  # the stream ops (model.stream_ops): auto (triton on CUDA, fused elsewhere), reference, fused, triton
 # AdamW and the learning-rate schedule (warmup, then cosine to min_lr)
 learning_rate = 1e-3
 max_iters = 2000
@@ -83,33 +82,22 @@ user_set = configure(globals())
 # --- check every setting before any work, so a mistake costs nothing --------
 if residual not in TOPOLOGIES:
     fail(f"unknown residual '{residual}'; choose one of: {', '.join(TOPOLOGIES)}")
-choices = dict(init_from=("scratch", "resume"), kernels=("auto", "triton", "torch"),
-               dtype=("auto", "float32", "bfloat16", "float16"))
+choices = dict(init_from=("scratch", "resume"), kernels=("auto", *KERNELS))
 for key, allowed in choices.items():
     if globals()[key] not in allowed:
         fail(f"unknown {key} '{globals()[key]}'; choose one of: {', '.join(allowed)}")
 ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun?
 rank, local_rank, world_size = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
 master = rank == 0
-if device == "auto":
-    device = f"cuda:{local_rank}" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-elif device.startswith("cuda") and not torch.cuda.is_available():
-    fail(f"device '{device}' asked for, but torch sees no CUDA GPU; use --device=cpu or auto")
-elif device == "mps" and not torch.backends.mps.is_available():
-    fail("device 'mps' asked for, but this torch has no MPS backend; use --device=cpu or auto")
-elif device != "cpu" and not device.startswith(("cuda", "mps")):
-    fail(f"unknown device '{device}'; choose auto, cpu, cuda, cuda:N or mps")
-device_type = device.split(":")[0]
+device, device_type, dtype, autocast = choose_device(device, dtype, local_rank)
 if device_type == "cuda":
     for key, value in GPU_DEFAULTS.items():
         if key not in user_set:
             globals()[key] = value
 size_note = ("GPU defaults (nanoGPT's shakespeare_char model, 6 x 384, block 256)" if device_type == "cuda"
              else "CPU defaults (nanoGPT's CPU recipe, 4 x 128, block 64)")
-n_streams = n_streams or TOPOLOGIES[residual].default_streams
-kernels = kernels if kernels != "auto" else ("triton" if device_type == "cuda" else "torch")
-if dtype == "auto":
-    dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+n_streams = n_streams or TOPOLOGIES[residual].default_n_streams
+kernels = kernels if kernels != "auto" else ("triton" if device_type == "cuda" else "fused")
 out_dir = out_dir or f"out-{residual}"
 lr_decay_iters = lr_decay_iters or max_iters
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
@@ -164,23 +152,19 @@ if device_type == "cuda":
     torch.cuda.set_device(device)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
 if master:
     print(f"device {device}, {dtype}, kernels {kernels}: {size_note}. Override any of them, e.g. "
           f"--n_layer=6 --n_embd=384 --block_size=256 --batch_size=64 --device=cpu.")
     print(f"{residual} with {n_streams} stream(s); {tokens_per_iter:,} tokens per iteration; writing to {out_dir}")
 
 
-def get_batch(split, generator):
+def next_batch(split, generator):
     """One (X, Y) micro-batch for this process: every rank draws the global batch
     of world_size * batch_size offsets and keeps its own slice, so N processes x
     batch B train on exactly what 1 process x batch N*B would."""
     data = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")  # new memmap each time: avoids a leak
-    ix = torch.randint(len(data) - block_size, (world_size * batch_size,), generator=generator)
-    ix = ix[rank * batch_size:(rank + 1) * batch_size]
-    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
-    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
+    mine = slice(rank * batch_size, (rank + 1) * batch_size)
+    x, y = get_batch(data, world_size * batch_size, block_size, generator, mine)
     if device_type == "cuda":
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
@@ -216,7 +200,7 @@ def estimate_loss():
         generator = torch.Generator().manual_seed(seed + 1 + i)
         losses = torch.zeros(eval_iters, device=device)
         for k in range(eval_iters):
-            X, Y = get_batch(split, generator)
+            X, Y = next_batch(split, generator)
             with autocast:
                 _, loss = model(X, Y)
             losses[k] = loss
@@ -224,7 +208,7 @@ def estimate_loss():
             torch.distributed.all_reduce(losses)  # a sum: gloo has no average
             losses /= world_size
         out[split] = losses.mean().item()
-    X, _ = get_batch("val", torch.Generator().manual_seed(seed + 2))
+    X, _ = next_batch("val", torch.Generator().manual_seed(seed + 2))
     with autocast:
         out["diagnostics"] = raw_model.diagnostics(X)
     model.train()
@@ -326,7 +310,7 @@ while True:
     for micro_step in range(gradient_accumulation_steps):
         if ddp:  # sync gradients only at the last micro-step
             model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
-        X, Y = get_batch("train", data_rng)
+        X, Y = next_batch("train", data_rng)
         with autocast:
             _, loss = model(X, Y)
             loss = loss / gradient_accumulation_steps

@@ -264,6 +264,38 @@ def test_resume_matches_uninterrupted_run(tmp_path):
         assert abs(straight[-1][key] - resumed[-1][key]) < 1e-4, f"{key} at 40: {straight[-1]} vs {resumed[-1]}"
 
 
+@pytest.mark.parametrize("progress, stderr_is_a_terminal, bar", [
+    ("auto", False, False), ("auto", True, True), ("bar", False, True), ("lines", True, False)])
+def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stderr_is_a_terminal, bar, tmp_path):
+    """A bar redraws itself with carriage returns: fine at a terminal, a mess in a
+    log file, which gets one plain line per log_interval. auto picks by whether
+    stderr is a terminal (a pseudo-terminal here); --progress forces either."""
+    command = [sys.executable, "train.py", "--residual=ihc", "--max_iters=10", "--eval_interval=10",
+               "--log_interval=5", f"--out_dir={tmp_path}", *TINY, f"--progress={progress}"]
+    with open(tmp_path / "log", "wb") as log:
+        if stderr_is_a_terminal:
+            terminal, stderr = os.openpty()
+            proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=stderr)
+            os.close(stderr)  # the child holds the only copy: reading ends when it exits
+            chunks = []
+            while True:
+                try:
+                    chunks.append(os.read(terminal, 1 << 16))
+                except OSError:  # EIO: the child has exited
+                    break
+            os.close(terminal)
+            assert proc.wait(timeout=600) == 0, b"".join(chunks)[-3000:]
+            at_terminal = b"".join(chunks)
+        else:
+            subprocess.run(command, cwd=ROOT, stdout=log, stderr=log, check=True, timeout=600)
+    logged = (tmp_path / "log").read_bytes()  # bytes: text mode would turn \r into \n
+    shown = at_terminal if stderr_is_a_terminal else logged
+    assert (b"\r" in shown) == bar, f"--progress={progress}: expected {'a' if bar else 'no'} bar, got {shown[-300:]}"
+    reports = [line.split(b":")[0] for line in logged.splitlines() if b": loss " in line]
+    assert reports == ([] if bar else [b"iter 5", b"iter 10"]), logged[-1000:]
+    assert b"iter 10: train loss" in logged  # evaluations are reported either way
+
+
 def test_sample_prints_text_from_the_vocabulary(tmp_path):
     run("train.py", "--residual=ihc", "--max_iters=20", "--eval_interval=20", f"--out_dir={tmp_path}", *TINY)
     out = run("sample.py", f"--out_dir={tmp_path}", "--start=ROMEO:", "--num_samples=2",
@@ -379,41 +411,50 @@ def start_training(*args):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_saves_and_resume_continues_the_same_run(signum, tmp_path):
-    common = ["--residual=gated_ihc", "--max_iters=60", "--eval_interval=30", *TINY]
-    run("train.py", f"--out_dir={tmp_path / 'straight'}", *common)
-    proc = start_training(f"--out_dir={tmp_path / 'stopped'}", *common)
-    assert proc.stdout.readline().startswith("device")  # started: handlers are installed
-    while not proc.stdout.readline().startswith("iter 0"):
-        pass
-    time.sleep(1.0)  # somewhere in the first 30 iterations
+    """Stopped by a signal sent when the run reports iteration 15, not after a
+    sleep: the stopped run is set to go on for a million iterations, so no machine
+    finishes first, on the same learning-rate schedule as the straight 60."""
+    common = ["--residual=gated_ihc", "--eval_interval=30", "--lr_decay_iters=60", *TINY]
+    run("train.py", "--max_iters=60", f"--out_dir={tmp_path / 'straight'}", *common)
+    proc = start_training("--max_iters=1000000", f"--out_dir={tmp_path / 'stopped'}", *common,
+                          "--progress=lines", "--log_interval=1")
+    for line in proc.stdout:  # handlers are installed before the first iteration
+        if line.startswith("iter 15: loss"):
+            break
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, err  # the shell's code for a run stopped by a signal
     stopped_at = torch.load(tmp_path / "stopped" / "ckpt.pt", weights_only=True)["iter_num"]
-    assert 0 < stopped_at < 60 and f"saved {tmp_path / 'stopped' / 'ckpt.pt'} at iteration {stopped_at}" in out
-    run("train.py", f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", *common)
+    assert f"saved {tmp_path / 'stopped' / 'ckpt.pt'} at iteration {stopped_at}" in out
+    assert 15 <= stopped_at < 60, f"stopped at {stopped_at}: the resume below would check nothing"
+    run("train.py", "--max_iters=60", f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", *common)
     straight, resumed = metrics(tmp_path / "straight"), metrics(tmp_path / "stopped")
-    assert [r["iter"] for r in resumed] == [r["iter"] for r in straight]
+    assert [r["iter"] for r in resumed] == [r["iter"] for r in straight] == [0, 30, 60]
     for a, b in zip(straight, resumed):
         assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, f"iter {a['iter']}: {a['val_loss']} vs {b['val_loss']}"
 
 
 def test_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path):
-    """A model big enough that writing its checkpoint takes most of each
-    iteration (a save at every one), killed at several moments: whatever is at
-    ckpt.pt must always load."""
+    """A model big enough that writing its checkpoint takes a while (a save at
+    every iteration), killed as a save starts: an evaluation line is printed just
+    before its save. Whatever is at ckpt.pt must always load; a ckpt.pt.tmp left
+    behind shows that a kill landed mid-write."""
     args = ["--residual=ihc", "--n_layer=4", "--n_embd=256", "--n_head=4", "--block_size=16", "--batch_size=2",
-            "--eval_interval=1", "--eval_iters=1", "--max_iters=1000", "--device=cpu", "--progress=False",
+            "--eval_interval=1", "--eval_iters=1", "--max_iters=1000000", "--device=cpu", "--progress=False",
             f"--out_dir={tmp_path}"]
-    for delay in (0.3, 0.7, 1.1):
+    mid_write = 0
+    for _ in range(3):
         proc = start_training(*args, *([] if not (tmp_path / "ckpt.pt").exists() else ["--init_from=resume"]))
         evaluations = 0
-        while evaluations < 3:  # a checkpoint is written after every evaluation past iteration 0
-            evaluations += proc.stdout.readline().startswith("iter")
-        time.sleep(delay)
+        while evaluations < 3:  # the third evaluation of a run is followed by a save (the first never is)
+            line = proc.stdout.readline()
+            assert line, proc.communicate()[1][-3000:]
+            evaluations += line.startswith("iter")
         proc.kill()
         proc.wait()
         torch.load(tmp_path / "ckpt.pt", weights_only=True)  # raises if truncated
+        mid_write += (tmp_path / "ckpt.pt.tmp").exists()
+    assert mid_write > 0, "no kill landed while a checkpoint was being written: the test checked nothing"
 
 
 def test_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
@@ -502,9 +543,9 @@ def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
                f"--results_dir={tmp_path / 'r2'}", *args]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     checkpoint = tmp_path / "stopped" / "ihc-s3" / "ckpt.pt"
-    while not checkpoint.exists():  # saved at iteration 50: the run is under way
+    while not checkpoint.exists():  # saved at iteration 50: stopped by this event, 350 iterations before the end
         assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
+        time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "Rerun the same command to resume" in err, err

@@ -306,7 +306,7 @@ def train_step_ms(residual, kernel_impl, batch_size=8, block_size=1024):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return do_bench(step, warmup=500, rep=3000, return_mode="median")
+    return do_bench(step, warmup=200, rep=1000, return_mode="median")  # 16 of them: gpu_check.sh gives bench.py 2 min
 
 
 def bench_train():

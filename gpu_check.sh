@@ -5,7 +5,7 @@
 # tables. About 7 minutes on one H200; each stage is capped so the whole stays
 # under 8. Prints a pass/fail summary first, then the details; exits 1 on any failure.
 #
-#     bash gpu_check.sh                  # writes to $OUT (default gpu-check/)
+#     bash gpu_check.sh                  # writes to $OUT (default results/gpu/, to commit)
 #     GPU_TESTS_ON_CPU=1 GPU_CHECK_K="gpu and deterministic" bash gpu_check.sh
 #                                        # a dry run on a CPU: the interpreter, tiny sizes
 #
@@ -13,7 +13,7 @@
 # own CUDA torch and triton are the ones to test (a GPU machine may have no network).
 set -uo pipefail
 cd "$(dirname "$0")"
-out=${OUT:-gpu-check}
+out=${OUT:-results/gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 if [ "${GPU_TESTS_ON_CPU:-0}" != 1 ] && ! python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
@@ -29,16 +29,26 @@ fi
   git rev-parse HEAD 2>/dev/null; date -u; } > "$out/env.txt" 2>&1
 
 # Stage 1: the GPU tests, kernels compiled (TRITON_INTERPRET=0), every skip named (-rs).
-start=$(date +%s)
+# The kernel tests and the training runs go side by side: together they fit the time.
 interpret=0; [ "${GPU_TESTS_ON_CPU:-0}" = 1 ] && interpret=1
-timeout -k 10 330 env TRITON_INTERPRET=$interpret python3 -m pytest tests.py -k "${GPU_CHECK_K:-gpu}" \
-    -q -rs -p no:cacheprovider > "$out/tests.txt" 2>&1
-tests_rc=$?
-tests_s=$(( $(date +%s) - start ))
-tests_line=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error)|no tests ran' "$out/tests.txt" | tail -1 | tr -d '=')
-if [ $tests_rc -eq 124 ] || [ $tests_rc -eq 137 ]; then tests_verdict="FAIL (timed out after ${tests_s}s)"
-elif [ $tests_rc -ne 0 ] || echo "$tests_line" | grep -q skipped; then tests_verdict="FAIL"
-else tests_verdict="pass"; fi
+k=${GPU_CHECK_K:-gpu}
+tests() {  # name, -k expression: tests-NAME.txt, and the verdict in tests-NAME.verdict
+    local start=$(date +%s) rc line verdict
+    timeout -k 10 330 env TRITON_INTERPRET=$interpret python3 -m pytest tests.py -k "$2" -q -rs -p no:cacheprovider \
+        > "$out/tests-$1.txt" 2>&1
+    rc=$?
+    line=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|deselected)|no tests ran' "$out/tests-$1.txt" | tail -1 | tr -d '=')
+    case $rc in
+        0) verdict=pass; echo "$line" | grep -q skipped && verdict="FAIL (skipped: see -rs lines)" ;;
+        5) verdict="none selected"; [ -n "${GPU_CHECK_K:-}" ] || verdict="FAIL (no tests selected)" ;;
+        124|137) verdict="FAIL (timed out)" ;;
+        *) verdict=FAIL ;;
+    esac
+    echo "$verdict: ${line:-no pytest summary} ($(( $(date +%s) - start ))s; $out/tests-$1.txt)" > "$out/tests-$1.verdict"
+}
+tests kernels "($k) and not training and not compiled" &
+tests training "($k) and (training or compiled)" &
+wait
 
 # Stage 2: bench.py's GPU tables (bytes per token, each op against --kernels=torch's, training steps).
 start=$(date +%s)
@@ -52,9 +62,13 @@ case $bench_rc in
 esac
 
 { echo "SUMMARY gpu_check.sh on $(head -1 "$out/env.txt")"
-  echo "  tests  $tests_verdict: ${tests_line:-no pytest summary} (${tests_s}s; $out/tests.txt)"
-  echo "  bench  $bench_verdict (${bench_s}s; $out/bench.txt)"
+  echo "  kernel tests    $(cat "$out/tests-kernels.verdict")"
+  echo "  training tests  $(cat "$out/tests-training.verdict")"
+  echo "  bench           $bench_verdict (${bench_s}s; $out/bench.txt)"
   echo; echo "=== $out/env.txt"; cat "$out/env.txt"
-  echo; echo "=== $out/tests.txt (failures and skips)"; grep -E '^(FAILED|ERROR|SKIPPED)|^E ' "$out/tests.txt" | head -60
+  for t in kernels training; do
+      echo; echo "=== $out/tests-$t.txt (failures and skips)"
+      grep -E '^(FAILED|ERROR|SKIPPED)|^E ' "$out/tests-$t.txt" | head -40
+  done
   echo; echo "=== $out/bench.txt"; cat "$out/bench.txt"; } | tee "$out/summary.txt"
-[ "$tests_verdict" = pass ] && [ "$bench_verdict" = pass ]
+! grep -q FAIL "$out"/tests-*.verdict && [ "$bench_verdict" = pass ]

@@ -1427,7 +1427,8 @@ def test_gpu_stream_write_matches_float64(n, mix, dtypes):
 
 @gpu
 @pytest.mark.parametrize("scale, dtype", [(1, torch.float32), (5, torch.float32), (50, torch.float32),
-                                          (1e4, torch.float32), (3, torch.bfloat16)])
+                                          (1e4, torch.float32), (3, torch.bfloat16)],
+                         ids=["1-float32", "5-float32", "50-float32", "1e4-float32", "3-bf16"])
 @pytest.mark.parametrize("n", range(2, 9))
 def test_gpu_sinkhorn_matches_float64(n, scale, dtype):
     """One matrix per token. At scale 1e4 the true gradient is ~1e-30, below float32's

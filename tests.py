@@ -444,24 +444,35 @@ def test_signal_saves_and_resume_continues_the_same_run(signum, tmp_path):
 
 def test_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path):
     """A model big enough that writing its checkpoint takes a while (a save at
-    every iteration), killed as a save starts: an evaluation line is printed just
-    before its save. Whatever is at ckpt.pt must always load; a ckpt.pt.tmp left
-    behind shows that a kill landed mid-write."""
+    every iteration), killed as soon as a save has begun to touch the files (its
+    temporary file appears, or ckpt.pt itself changes), whatever the machine's
+    speed. Whatever is at ckpt.pt must always load; a ckpt.pt.tmp left behind
+    shows that a kill landed mid-write."""
     args = ["--residual=ihc", "--n_layer=4", "--n_embd=256", "--n_head=4", "--block_size=16", "--batch_size=2",
             "--eval_interval=1", "--eval_iters=1", "--max_iters=1000000", "--device=cpu", "--progress=False",
             f"--out_dir={tmp_path}"]
+    ckpt, tmp = tmp_path / "ckpt.pt", tmp_path / "ckpt.pt.tmp"
+
+    def saved():
+        return (ckpt.stat().st_size, ckpt.stat().st_mtime_ns) if ckpt.exists() else None
+
     mid_write = 0
     for _ in range(3):
-        proc = start_training(*args, *([] if not (tmp_path / "ckpt.pt").exists() else ["--init_from=resume"]))
+        proc = start_training(*args, *([] if not ckpt.exists() else ["--init_from=resume"]))
         evaluations = 0
         while evaluations < 3:  # the third evaluation of a run is followed by a save (the first never is)
             line = proc.stdout.readline()
             assert line, proc.communicate()[1][-3000:]
             evaluations += line.startswith("iter")
+        before = saved()
+        while not tmp.exists() and saved() == before:  # until a save begins
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.0005)
         proc.kill()
         proc.wait()
-        torch.load(tmp_path / "ckpt.pt", weights_only=True)  # raises if truncated
-        mid_write += (tmp_path / "ckpt.pt.tmp").exists()
+        torch.load(ckpt, weights_only=True)  # raises if truncated
+        mid_write += tmp.exists()
+        tmp.unlink(missing_ok=True)  # the next run's save must show itself by a new one
     assert mid_write > 0, "no kill landed while a checkpoint was being written: the test checked nothing"
 
 

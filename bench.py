@@ -3,7 +3,7 @@ What each residual topology costs: step time and activation memory of the
 eight topologies side by side, and how far 20 Sinkhorn iterations stay from a
 doubly stochastic matrix.
 
-    python bench.py --device=cpu                  # eager PyTorch, train.py's CPU model
+    python bench.py --device=cpu                  # eager PyTorch, train.py's CPU model, fused and reference ops
     python bench.py --device=cpu --compile=True   # the same under torch.compile (needs a C++ compiler)
     python bench.py --profile=ihc                 # where ihc's added step time goes, op by op
 
@@ -11,21 +11,27 @@ Every topology trains its own model (n_streams 4; residual 1) on real batches.
 After a warmup the models take turns, one step each per round, so whatever else
 the machine is doing slows them all alike. The table gives per topology:
 - step: the median time of one training step as train.py takes it (forward,
-  backward, gradient clipping, AdamW step), and its ratio to `residual`;
+  backward, gradient clipping, AdamW step), and its ratio to `residual`, with
+  fused.py's ops (the CPU default) and with residuals.py's reference ops (what
+  the fused ones buy);
 - saved: activation memory, the bytes of the distinct tensors autograd keeps for
   the backward pass of one forward (counted with saved_tensors_hooks, weights
   excluded). A step's memory peaks when the backward starts, with all of them
   alive; weights, gradients and AdamW's state add 4x `params` floats, which
   differ between topologies only by their small coefficient projections.
+results/cpu_speed.md has the measured table and what bounds it.
 
     python bench.py --device=cuda                 # one GPU: the Triton kernels and the 12 x 768 training step
 
-The GPU section times each stream op (forward + backward) for the Triton kernel,
-the eager PyTorch reference and torch.compile of the reference, at T in {4096,
-16384, 65536} tokens, C in {384, 768}, n = 4, bf16 state; reports the achieved
-bandwidth against a device-to-device copy measured in the same run and the H200
-datasheet (bytes counted in op_bytes); then the training step time of every
-topology relative to `residual` on a GPT of 12 layers x 768, block 1024.
+The GPU section times each stream op (forward + backward) for the Triton kernel
+against the op the model runs without it (`baseline` below: the hand-written
+PyTorch autograd Functions), at T in {4096, 16384, 65536} tokens, C in {384,
+768}, n = 4, in the dtypes the model uses under bf16 autocast (float32 state and
+coefficients, bf16 sublayer output); reports the kernel's achieved bandwidth
+against a device-to-device copy measured in the same run and the H200 datasheet
+(bytes counted in op_bytes); then the training step time of every topology
+relative to `residual` on a GPT of 12 layers x 768, block 1024. Triton is
+imported only there: the CPU sections run where it is not installed.
 """
 import os
 import statistics
@@ -33,9 +39,8 @@ import time
 
 import numpy as np
 import torch
-from triton.testing import do_bench
 
-import kernels
+import fused
 import residuals
 from configurator import configure, fail
 from model import GPT, GPTConfig
@@ -199,33 +204,39 @@ TOKENS = (4096, 16384, 65536)  # B = 1, T tokens
 WIDTHS = (384, 768)  # C
 STREAMS = 4  # n
 DEVICE = "cuda"
+# The model's dtypes under bf16 autocast (train.py's default on a GPU): the state h and
+# every coefficient stay float32 (residuals.py keeps the coefficient maths in float32,
+# the stream write returns h's dtype), the sublayer output y is bf16.
+STATE_DTYPE, OUTPUT_DTYPE, COEF_DTYPE = torch.float32, torch.bfloat16, torch.float32
+baseline = fused  # the stream ops the model runs with --kernels=fused: the Triton kernels' competitor
 
 
-def op_bytes(op, n, C, state_bytes=2, coef_bytes=4, mix="full"):
+def op_bytes(op, n, C, state_bytes=4, output_bytes=2, coef_bytes=4, mix="full"):
     """(forward, backward) bytes per token that an ideal kernel reads + writes in
-    HBM: every input once, every output once. s = state_bytes per element of
-    h, y, x and their gradients; c = coef_bytes per coefficient (pre, post, mix,
-    float32 in the model); m = n*n coefficients for a full mix, n diagonal, 0 none.
+    HBM: every input once, every output once. s = state_bytes per element of h,
+    its gradient and the read's output x (h's dtype); o = output_bytes per element
+    of the sublayer output y and dy; c = coef_bytes per coefficient (pre, post, mix);
+    m = n*n coefficients for a full mix, n diagonal, 0 none.
 
         stream_read   fwd  read h n*C*s, pre n*c                 write x C*s
                       bwd  read h n*C*s, dx C*s, pre n*c         write dh n*C*s, dpre n*c
-        stream_write  fwd  read h n*C*s, y C*s, post n*c, mix m*c
+        stream_write  fwd  read h n*C*s, y C*o, post n*c, mix m*c
                                                                  write out n*C*s
-                      bwd  read g n*C*s, h n*C*s, y C*s, post n*c, mix m*c
-                                                                 write dh n*C*s, dy C*s, dpost n*c, dmix m*c
+                      bwd  read g n*C*s, h n*C*s, y C*o, post n*c, mix m*c
+                                                                 write dh n*C*s, dy C*o, dpost n*c, dmix m*c
                            identity: dh is g itself, h is not needed: no h read, no dh write
         sinkhorn      fwd  read logits n*n*c                     write n*n*4 (float32)
          (per matrix) bwd  read logits n*n*c, grad n*n*4         write d logits n*n*c
     """
-    s, c = state_bytes, coef_bytes
+    s, o, c = state_bytes, output_bytes, coef_bytes
     if op == "stream_read":
         return n * C * s + n * c + C * s, 2 * n * C * s + C * s + 2 * n * c
     if op == "stream_write":
         m = {"full": n * n, "diagonal": n, "none": 0}[mix]
         coefs = (n + m) * c
-        forward = 2 * n * C * s + C * s + coefs
+        forward = 2 * n * C * s + C * o + coefs
         state = n * C * s if mix == "none" else 3 * n * C * s  # g (+ h read and dh written)
-        return forward, state + 2 * C * s + 2 * coefs
+        return forward, state + 2 * C * o + 2 * coefs
     if op == "sinkhorn":
         return n * n * (c + 4), n * n * (2 * c + 4)
     raise ValueError(f"unknown op {op}")
@@ -233,26 +244,28 @@ def op_bytes(op, n, C, state_bytes=2, coef_bytes=4, mix="full"):
 
 def copy_bytes_per_s(size=2 ** 30):
     """Measured HBM bandwidth of a device-to-device copy: it reads and writes `size` bytes."""
+    from triton.testing import do_bench
     src = torch.empty(size, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     return 2 * size / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
 
 
 def op_inputs(op, T, C, mix):
-    """Leaf tensors for one op at B = 1: bf16 state, float32 coefficients (as in the model)."""
+    """Leaf tensors for one op at B = 1, in the model's dtypes (STATE_DTYPE and so on)."""
     n = STREAMS
-    leaf = lambda *shape, dtype=torch.float32: torch.rand(*shape, dtype=dtype, device=DEVICE).requires_grad_()
+    leaf = lambda *shape, dtype=COEF_DTYPE: torch.rand(*shape, dtype=dtype, device=DEVICE).requires_grad_()
     if op == "sinkhorn":
         return [leaf(1, T, n, n)]
-    h = leaf(1, T, n, C, dtype=torch.bfloat16)
+    h = leaf(1, T, n, C, dtype=STATE_DTYPE)
     if op == "stream_read":
         return [h, leaf(1, T, n)]
     mixes = {"full": leaf(1, T, n, n), "diagonal": leaf(1, T, n), "none": None}
-    return [h, mixes[mix], leaf(1, T, n), leaf(1, T, C, dtype=torch.bfloat16)]
+    return [h, mixes[mix], leaf(1, T, n), leaf(1, T, C, dtype=OUTPUT_DTYPE)]
 
 
 def time_fwd_bwd(fn, inputs):
     """Median ms of fn(*inputs) and its backward with a fixed random upstream gradient."""
+    from triton.testing import do_bench
     leaves = [x for x in inputs if x is not None]
     grad = torch.randn_like(fn(*inputs))
 
@@ -263,31 +276,29 @@ def time_fwd_bwd(fn, inputs):
 
 
 def bench_ops():
-    torch._dynamo.config.recompile_limit = 64  # one compile per (op, shape, mix)
+    import kernels  # needs triton, which the CPU sections do without
     copy = copy_bytes_per_s()
     print(f"device-to-device copy: {copy / 1e12:.2f} TB/s ({100 * copy / DATASHEET_BYTES_PER_S:.0f}% of the datasheet's "
           f"{DATASHEET_BYTES_PER_S / 1e12:.1f} TB/s)\n")
-    references = {"stream_read": residuals.stream_read, "stream_write": residuals.stream_write,
-                  "sinkhorn": residuals.sinkhorn_reference}
     cases = [("sinkhorn", None, None)] + [("stream_read", C, None) for C in WIDTHS]
     cases += [("stream_write", C, mix) for C in WIDTHS for mix in ("full", "diagonal", "none")]
-    print("| op | T | C | triton us | eager us | compiled us | vs compiled | GB/s | % of copy | % of datasheet |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"triton: kernels.py; baseline: {baseline.__name__}.py, the ops of --kernels=fused; forward + backward\n")
+    print("| op | T | C | triton us | baseline us | baseline / triton | triton GB/s | % of copy | % of datasheet |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for op, C, mix in cases:
         for T in TOKENS:
             inputs = op_inputs(op, T, C, mix)
-            ref = references[op]
-            times = [time_fwd_bwd(fn, inputs) for fn in (getattr(kernels, op), ref, torch.compile(ref, dynamic=False))]
-            moved = T * sum(op_bytes(op, STREAMS, C, mix=mix or "full")) / (times[0] * 1e-3)
+            ours, theirs = (time_fwd_bwd(getattr(impl, op), inputs) for impl in (kernels, baseline))
+            moved = T * sum(op_bytes(op, STREAMS, C, mix=mix or "full")) / (ours * 1e-3)
             name = f"{op} ({mix})" if mix else op
-            print(f"| {name} | {T} | {C or '-'} | {1e3 * times[0]:.1f} | {1e3 * times[1]:.1f} | {1e3 * times[2]:.1f} | "
-                  f"{times[2] / times[0]:.1f}x | {moved / 1e9:.0f} | {100 * moved / copy:.0f} | "
-                  f"{100 * moved / DATASHEET_BYTES_PER_S:.0f} |", flush=True)
+            print(f"| {name} | {T} | {C or '-'} | {1e3 * ours:.1f} | {1e3 * theirs:.1f} | {theirs / ours:.2f}x | "
+                  f"{moved / 1e9:.0f} | {100 * moved / copy:.0f} | {100 * moved / DATASHEET_BYTES_PER_S:.0f} |", flush=True)
 
 
 def train_step_ms(residual, kernel_impl, batch_size=8, block_size=1024):
     """Median ms of one AdamW training step of a GPT-2 small (12 x 768) in bf16 autocast."""
-    n_streams = residuals.TOPOLOGIES[residual].default_streams
+    from triton.testing import do_bench
+    n_streams = residuals.TOPOLOGIES[residual].default_n_streams
     config = GPTConfig(block_size=block_size, residual=residual, n_streams=n_streams, kernels=kernel_impl)
     model = GPT(config).to(DEVICE)
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), DEVICE)
@@ -300,21 +311,25 @@ def train_step_ms(residual, kernel_impl, batch_size=8, block_size=1024):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return do_bench(step, warmup=500, rep=3000, return_mode="median")
+    return do_bench(step, warmup=200, rep=1000, return_mode="median")  # 16 of them: gpu_check.sh gives bench.py 2 min
 
 
 def bench_train():
-    rows = {name: {impl: train_step_ms(name, impl) for impl in ("triton", "torch")} for name in residuals.TOPOLOGIES}
-    base = rows["residual"]["torch"]
+    print("\ntraining step, GPT 12 x 768, batch 8 x 1024, bf16 autocast, AdamW; median ms\n")
     print("| topology | n | triton ms | torch ms | triton / residual | torch / residual |")
     print("|---|---|---|---|---|---|")
-    for name, ms in rows.items():
-        n = residuals.TOPOLOGIES[name].default_streams
-        print(f"| {name} | {n} | {ms['triton']:.1f} | {ms['torch']:.1f} | {ms['triton'] / base:.2f} | {ms['torch'] / base:.2f} |")
+    base = None
+    for name in residuals.TOPOLOGIES:  # a row as soon as it is measured
+        ms = {impl: train_step_ms(name, impl) for impl in ("triton", "fused")}
+        base = base or ms["fused"]
+        n = residuals.TOPOLOGIES[name].default_n_streams
+        print(f"| {name} | {n} | {ms['triton']:.1f} | {ms['fused']:.1f} | {ms['triton'] / base:.2f} | "
+              f"{ms['fused'] / base:.2f} |", flush=True)
 
 
 def print_bytes():
-    print(f"bytes per token, n = {STREAMS}, bf16 state, float32 coefficients (sinkhorn: per matrix)\n")
+    print(f"bytes per token, n = {STREAMS}, the model's dtypes: float32 state and coefficients, bf16 sublayer output "
+          "(sinkhorn: per matrix)\n")
     print("| op | C | forward | backward |")
     print("|---|---|---|---|")
     print("| sinkhorn | - | %d | %d |" % op_bytes("sinkhorn", STREAMS, 0))

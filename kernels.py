@@ -33,12 +33,9 @@ tokens (or matrices); NP = n padded to a power of two.
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 from residuals import dynamic_coefficients, rms_projection  # no kernels for these: small matmuls (cuBLAS)
-
-# Decided when the @triton.jit decorators below run: TRITON_INTERPRET=1 must be
-# set before triton is imported for the kernels to run (slowly) on the CPU.
-INTERPRETED = triton.knobs.runtime.interpret
 
 
 def check_triton_available(device="cuda"):
@@ -46,7 +43,7 @@ def check_triton_available(device="cuda"):
     if INTERPRETED:
         return
     if not torch.cuda.is_available():
-        raise RuntimeError("the Triton kernels need a CUDA GPU and torch sees none; use kernels='torch', or set "
+        raise RuntimeError("the Triton kernels need a CUDA GPU and torch sees none; use kernels='fused', or set "
                            "TRITON_INTERPRET=1 before importing triton to run them (slowly) on the CPU")
     if torch.device(device).type != "cuda":
         raise RuntimeError(f"the Triton kernels run on CUDA tensors, got a tensor on '{device}'")
@@ -88,6 +85,13 @@ def _sinkhorn_load(ptr, N, n: tl.constexpr, NP: tl.constexpr, BLOCK_M: tl.conste
     mask = (m < N) & (rows < n) & (cols < n)
     L = tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     return tl.where(mask, L, tl.where(rows == cols, 0.0, -float("inf"))), offsets, mask
+
+
+# Whether the kernels run (slowly) on the CPU in Triton's interpreter: @triton.jit
+# decided it above, from TRITON_INTERPRET=1 set before triton was imported. Asked of
+# the decorator's result, because each Triton version reads the variable its own way
+# (triton.knobs, which the older ones lack, from 3.4 on).
+INTERPRETED = isinstance(_sinkhorn_load, InterpretedFunction)
 
 
 @triton.jit
@@ -175,18 +179,42 @@ def _sinkhorn_launch(logits, iters, grad_out=None):
     return out
 
 
-class _Sinkhorn(torch.autograd.Function):
+# Custom ops, not autograd.Functions: torch.compile treats a custom op as one opaque
+# node (shapes from its fake implementation) instead of tracing into the launcher,
+# which dynamo cannot do for kernels the interpreter runs and does only partly for
+# compiled ones (None pointers, constexpr arguments). The backward is its own op, so
+# a compiled backward graph holds it too.
+@torch.library.custom_op("streams::sinkhorn", mutates_args=())
+def _sinkhorn_op(logits: torch.Tensor, iters: int) -> torch.Tensor:
+    return _sinkhorn_launch(logits, iters)
 
-    @staticmethod
-    def forward(ctx, logits, iters):
-        ctx.save_for_backward(logits)
-        ctx.iters = iters
-        return _sinkhorn_launch(logits, iters)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        (logits,) = ctx.saved_tensors
-        return _sinkhorn_launch(logits, ctx.iters, grad_out), None
+@_sinkhorn_op.register_fake
+def _(logits, iters):
+    return logits.new_empty(logits.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("streams::sinkhorn_backward", mutates_args=())
+def _sinkhorn_backward_op(logits: torch.Tensor, grad_out: torch.Tensor, iters: int) -> torch.Tensor:
+    return _sinkhorn_launch(logits, iters, grad_out)
+
+
+@_sinkhorn_backward_op.register_fake
+def _(logits, grad_out, iters):
+    return logits.new_empty(logits.shape)
+
+
+def _sinkhorn_setup(ctx, inputs, output):
+    logits, ctx.iters = inputs
+    ctx.save_for_backward(logits)
+
+
+def _sinkhorn_backward(ctx, grad_out):
+    (logits,) = ctx.saved_tensors
+    return _sinkhorn_backward_op(logits, grad_out, ctx.iters), None
+
+
+_sinkhorn_op.register_autograd(_sinkhorn_backward, setup_context=_sinkhorn_setup)
 
 
 def sinkhorn(logits, iters=20):
@@ -194,7 +222,7 @@ def sinkhorn(logits, iters=20):
     One launch forward, one backward (which recomputes the forward on-chip)."""
     assert iters >= 1, "sinkhorn needs at least one iteration"
     check_triton_available(logits.device)
-    return _Sinkhorn.apply(logits, iters)
+    return _sinkhorn_op(logits, iters)
 
 
 # -----------------------------------------------------------------------------
@@ -319,31 +347,50 @@ def _stream_read_bwd_kernel(
     _store_coefs(dpre_ptr, t, N, dpre)
 
 
-class _StreamRead(torch.autograd.Function):
+@torch.library.custom_op("streams::stream_read", mutates_args=())
+def _stream_read_op(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    h, pre = h.contiguous(), pre.contiguous()  # h may be an expand()ed view
+    N, n, C, meta = _stream_shape(h)
+    x = torch.empty(h.shape[:-2] + (C,), dtype=h.dtype, device=h.device)  # (B,T,C)
+    grid = (triton.cdiv(N, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))
+    _stream_read_fwd_kernel[grid](h, pre, x, N, C, n, **meta)
+    return x
 
-    @staticmethod
-    def forward(ctx, h, pre):
-        h, pre = h.contiguous(), pre.contiguous()  # h may be an expand()ed view
-        N, n, C, meta = _stream_shape(h)
-        x = torch.empty(h.shape[:-2] + (C,), dtype=h.dtype, device=h.device)  # (B,T,C)
-        grid = (triton.cdiv(N, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))
-        _stream_read_fwd_kernel[grid](h, pre, x, N, C, n, **meta)
-        ctx.save_for_backward(h, pre)
-        return x
 
-    @staticmethod
-    def backward(ctx, dx):
-        h, pre = ctx.saved_tensors
-        N, n, C, meta = _stream_shape(h)
-        dh, dpre = torch.empty_like(h), torch.empty_like(pre)
-        _stream_read_bwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](h, pre, dx.contiguous(), dh, dpre, N, C, n, **meta)
-        return dh, dpre
+@_stream_read_op.register_fake
+def _(h, pre):
+    return h.new_empty(h.shape[:-2] + h.shape[-1:])
+
+
+@torch.library.custom_op("streams::stream_read_backward", mutates_args=())
+def _stream_read_backward_op(h: torch.Tensor, pre: torch.Tensor, dx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h, pre = h.contiguous(), pre.contiguous()
+    N, n, C, meta = _stream_shape(h)
+    dh, dpre = torch.empty_like(h), torch.empty_like(pre)
+    _stream_read_bwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](h, pre, dx.contiguous(), dh, dpre, N, C, n, **meta)
+    return dh, dpre
+
+
+@_stream_read_backward_op.register_fake
+def _(h, pre, dx):
+    return h.new_empty(h.shape), pre.new_empty(pre.shape)
+
+
+def _stream_read_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _stream_read_backward(ctx, dx):
+    return _stream_read_backward_op(*ctx.saved_tensors, dx)
+
+
+_stream_read_op.register_autograd(_stream_read_backward, setup_context=_stream_read_setup)
 
 
 def stream_read(h, pre):
     """x[..., c] = sum_i pre[..., i] * h[..., i, c]. h (B,T,n,C), pre (B,T,n) -> (B,T,C), h's dtype"""
     check_triton_available(h.device)
-    return _StreamRead.apply(h, pre)
+    return _stream_read_op(h, pre)
 
 
 def dynamic_read(h, W, alpha, groups, bias, eps=1e-6):
@@ -456,35 +503,66 @@ def _stream_write_bwd_kernel(
         _store_coefs(dmix_ptr, t, N, dmix)
 
 
-class _StreamWrite(torch.autograd.Function):
+def _mix_kind(h, mix):
+    if mix is None:
+        return MIX_IDENTITY
+    return MIX_DIAGONAL if mix.dim() == h.dim() - 1 else MIX_FULL
 
-    @staticmethod
-    def forward(ctx, h, mix, post, y):
-        h, post, y = h.contiguous(), post.contiguous(), y.contiguous()  # h may be an expand()ed view
-        if mix is None:
-            ctx.kind = MIX_IDENTITY
-        else:
-            ctx.kind = MIX_DIAGONAL if mix.dim() == h.dim() - 1 else MIX_FULL
-            mix = mix.contiguous()
-        N, n, C, meta = _stream_shape(h)
-        out = torch.empty_like(h)  # (B,T,n,C)
-        grid = (triton.cdiv(N, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))
-        _stream_write_fwd_kernel[grid](h, mix, post, y, out, N, C, n, MIX=ctx.kind, **meta)
-        ctx.save_for_backward(h, mix, post, y)
-        return out
 
-    @staticmethod
-    def backward(ctx, g):
-        h, mix, post, y = ctx.saved_tensors
-        g = g.contiguous()
-        N, n, C, meta = _stream_shape(h)
-        identity = ctx.kind == MIX_IDENTITY
-        dh = None if identity else torch.empty_like(h)
-        dmix = None if identity else torch.empty_like(mix)
-        dpost, dy = torch.empty_like(post), torch.empty_like(y)
-        _stream_write_bwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](
-            h, mix, post, y, g, dh, dmix, dpost, dy, N, C, n, MIX=ctx.kind, **meta)
-        return g if identity else dh, dmix, dpost, dy
+@torch.library.custom_op("streams::stream_write", mutates_args=())
+def _stream_write_op(h: torch.Tensor, mix: torch.Tensor | None, post: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    h, post, y = h.contiguous(), post.contiguous(), y.contiguous()  # h may be an expand()ed view
+    kind, mix = _mix_kind(h, mix), None if mix is None else mix.contiguous()
+    N, n, C, meta = _stream_shape(h)
+    out = torch.empty_like(h)  # (B,T,n,C)
+    grid = (triton.cdiv(N, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))
+    _stream_write_fwd_kernel[grid](h, mix, post, y, out, N, C, n, MIX=kind, **meta)
+    return out
+
+
+@_stream_write_op.register_fake
+def _(h, mix, post, y):
+    return h.new_empty(h.shape)
+
+
+# A custom op may not return an input, nor None: with the identity, d h is g itself
+# (returned by the autograd formula below) and there is no d mix, so the op returns
+# [d post, d y]; otherwise [d h, d mix, d post, d y].
+@torch.library.custom_op("streams::stream_write_backward", mutates_args=())
+def _stream_write_backward_op(h: torch.Tensor, mix: torch.Tensor | None, post: torch.Tensor, y: torch.Tensor,
+                              g: torch.Tensor) -> list[torch.Tensor]:
+    h, post, y, g = h.contiguous(), post.contiguous(), y.contiguous(), g.contiguous()
+    kind, mix = _mix_kind(h, mix), None if mix is None else mix.contiguous()
+    N, n, C, meta = _stream_shape(h)
+    identity = kind == MIX_IDENTITY
+    dh = None if identity else torch.empty_like(h)
+    dmix = None if identity else torch.empty_like(mix)
+    dpost, dy = torch.empty_like(post), torch.empty_like(y)
+    _stream_write_bwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](
+        h, mix, post, y, g, dh, dmix, dpost, dy, N, C, n, MIX=kind, **meta)
+    return [dpost, dy] if identity else [dh, dmix, dpost, dy]
+
+
+@_stream_write_backward_op.register_fake
+def _(h, mix, post, y, g):
+    grads = [post.new_empty(post.shape), y.new_empty(y.shape)]
+    return grads if mix is None else [h.new_empty(h.shape), mix.new_empty(mix.shape)] + grads
+
+
+def _stream_write_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _stream_write_backward(ctx, g):
+    h, mix, post, y = ctx.saved_tensors
+    grads = _stream_write_backward_op(h, mix, post, y, g)
+    if mix is None:
+        dpost, dy = grads
+        return g, None, dpost, dy
+    return tuple(grads)
+
+
+_stream_write_op.register_autograd(_stream_write_backward, setup_context=_stream_write_setup)
 
 
 def stream_write(h, mix, post, y):
@@ -492,4 +570,4 @@ def stream_write(h, mix, post, y):
     h (B,T,n,C); mix (B,T,n,n) full, (B,T,n) diagonal gate, or None (identity);
     post (B,T,n); y (B,T,C). One pass over h and y, one write of the result."""
     check_triton_available(h.device)
-    return _StreamWrite.apply(h, mix, post, y)
+    return _stream_write_op(h, mix, post, y)

@@ -65,7 +65,12 @@ def stream_ops(name):
     same ops with hand-written backwards (fast on a CPU); triton: kernels.py, GPU
     kernels (or Triton's CPU interpreter with TRITON_INTERPRET=1)."""
     if name == "triton":
-        import kernels  # imported only when asked for: it needs triton
+        try:
+            import kernels  # imported only when asked for: it needs triton
+        except ModuleNotFoundError as e:
+            if e.name != "triton":
+                raise
+            raise RuntimeError("triton is not installed (it has wheels for Linux only); use kernels='fused'") from None
         kernels.check_triton_available()  # RuntimeError with the reason, never a silent fallback
         return kernels
     if name == "fused":

@@ -18,14 +18,21 @@ import subprocess
 import sys
 import time
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the kernels run on the CPU
+# Before triton is imported: the kernels run on the CPU. The GPU tests at the end
+# want them compiled: TRITON_INTERPRET=0 python -m pytest tests.py -k gpu
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
+try:
+    import kernels
+except ModuleNotFoundError as e:  # no triton (macOS, Windows): its tests skip, the rest run
+    if e.name != "triton":
+        raise
+    kernels = None
 import residuals
 import theory
 from model import GPT, GPTConfig, stream_ops
@@ -34,6 +41,7 @@ from residuals import TOPOLOGIES
 from theory import DT
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+needs_triton = pytest.mark.skipif(kernels is None, reason="triton is not installed (it has wheels for Linux only)")
 STREAM_TOPOLOGIES = [name for name in TOPOLOGIES if name != "residual"]
 GATED = ("gated_ihc", "norm_gated_ihc", "mean_gated_ihc")
 # a model small enough to train in seconds on 2 cores
@@ -126,11 +134,18 @@ def assert_close(name, got, want, tol, floor=0.0):
     assert err <= tol * scale, f"{name}: relative RMS error {err / max(scale, 1e-300):.2e} > {tol:.0e}"
 
 
+def implementation(impl):
+    """model.stream_ops(impl), the model's own switch; triton's tests skip where it is not installed."""
+    if impl == "triton" and kernels is None:
+        pytest.skip("triton is not installed (it has wheels for Linux only)")
+    return stream_ops(impl)
+
+
 def check_against_reference(impl, op, inputs, tol, constants={}, used=None, expand=None, floor=0.0):
     """impl's op (through model.stream_ops, the model's own switch) against
     residuals.py's, run in float64 on the same values: every output, and the
     gradient of every tensor input, each in its input's dtype."""
-    outs, grads = outputs_and_gradients(getattr(stream_ops(impl), op), inputs, constants, used, expand)
+    outs, grads = outputs_and_gradients(getattr(implementation(impl), op), inputs, constants, used, expand)
     inputs64 = {k: None if v is None else v.double() for k, v in inputs.items()}
     constants64 = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in constants.items()}
     refs, ref_grads = outputs_and_gradients(getattr(residuals, op), inputs64, constants64, used, expand)
@@ -347,6 +362,7 @@ def test_model_matches_reference(name, impl):
     every parameter gradient of the same GPT with residuals.py's ops (float32,
     rounding-level tolerance). Parameters are perturbed off the step-0 point,
     where equal streams and zero projections would leave parts of the ops untested."""
+    implementation(impl)  # skips triton where it is not installed
     results = {}
     for kernels in ("reference", impl):
         torch.manual_seed(0)
@@ -429,6 +445,38 @@ def test_resume_matches_uninterrupted_run(tmp_path):
         assert abs(straight[-1][key] - resumed[-1][key]) < 1e-4, f"{key} at 40: {straight[-1]} vs {resumed[-1]}"
 
 
+
+@pytest.mark.parametrize("progress, stderr_is_a_terminal, bar", [
+    ("auto", False, False), ("auto", True, True), ("bar", False, True), ("lines", True, False)])
+def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stderr_is_a_terminal, bar, tmp_path):
+    """A bar redraws itself with carriage returns: fine at a terminal, a mess in a
+    log file, which gets one plain line per log_interval. auto picks by whether
+    stderr is a terminal (a pseudo-terminal here); --progress forces either."""
+    command = [sys.executable, "train.py", "--residual=ihc", "--max_iters=10", "--eval_interval=10",
+               "--log_interval=5", f"--out_dir={tmp_path}", *TINY, f"--progress={progress}"]
+    with open(tmp_path / "log", "wb") as log:
+        if stderr_is_a_terminal:
+            terminal, stderr = os.openpty()
+            proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=stderr)
+            os.close(stderr)  # the child holds the only copy: reading ends when it exits
+            chunks = []
+            while True:
+                try:
+                    chunks.append(os.read(terminal, 1 << 16))
+                except OSError:  # EIO: the child has exited
+                    break
+            os.close(terminal)
+            assert proc.wait(timeout=600) == 0, b"".join(chunks)[-3000:]
+            at_terminal = b"".join(chunks)
+        else:
+            subprocess.run(command, cwd=ROOT, stdout=log, stderr=log, check=True, timeout=600)
+    logged = (tmp_path / "log").read_bytes()  # bytes: text mode would turn \r into \n
+    shown = at_terminal if stderr_is_a_terminal else logged
+    assert (b"\r" in shown) == bar, f"--progress={progress}: expected {'a' if bar else 'no'} bar, got {shown[-300:]}"
+    reports = [line.split(b":")[0] for line in logged.splitlines() if b": loss " in line]
+    assert reports == ([] if bar else [b"iter 5", b"iter 10"]), logged[-1000:]
+    assert b"iter 10: train loss" in logged  # evaluations are reported either way
+
 # --- command-line mistakes ------------------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
@@ -498,41 +546,61 @@ def start_training(*args):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_saves_and_resume_continues_the_same_run(signum, tmp_path):
-    common = ["--residual=gated_ihc", "--max_iters=60", "--eval_interval=30", *TINY]
-    run("train.py", f"--out_dir={tmp_path / 'straight'}", *common)
-    proc = start_training(f"--out_dir={tmp_path / 'stopped'}", *common)
-    assert proc.stdout.readline().startswith("device")  # started: handlers are installed
-    while not proc.stdout.readline().startswith("iter 0"):
-        pass
-    time.sleep(1.0)  # somewhere in the first 30 iterations
+    """Stopped by a signal sent when the run reports iteration 15, not after a
+    sleep: the stopped run is set to go on for a million iterations, so no machine
+    finishes first, on the same learning-rate schedule as the straight 60."""
+    common = ["--residual=gated_ihc", "--eval_interval=30", "--lr_decay_iters=60", *TINY]
+    run("train.py", "--max_iters=60", f"--out_dir={tmp_path / 'straight'}", *common)
+    proc = start_training("--max_iters=1000000", f"--out_dir={tmp_path / 'stopped'}", *common,
+                          "--progress=lines", "--log_interval=1")
+    for line in proc.stdout:  # handlers are installed before the first iteration
+        if line.startswith("iter 15: loss"):
+            break
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, err  # the shell's code for a run stopped by a signal
     stopped_at = torch.load(tmp_path / "stopped" / "ckpt.pt", weights_only=True)["iter_num"]
-    assert 0 < stopped_at < 60 and f"saved {tmp_path / 'stopped' / 'ckpt.pt'} at iteration {stopped_at}" in out
-    run("train.py", f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", *common)
+    assert f"saved {tmp_path / 'stopped' / 'ckpt.pt'} at iteration {stopped_at}" in out
+    assert 15 <= stopped_at < 60, f"stopped at {stopped_at}: the resume below would check nothing"
+    run("train.py", "--max_iters=60", f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", *common)
     straight, resumed = metrics(tmp_path / "straight"), metrics(tmp_path / "stopped")
-    assert [r["iter"] for r in resumed] == [r["iter"] for r in straight]
+    assert [r["iter"] for r in resumed] == [r["iter"] for r in straight] == [0, 30, 60]
     for a, b in zip(straight, resumed):
         assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, f"iter {a['iter']}: {a['val_loss']} vs {b['val_loss']}"
 
 
 def test_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path):
-    """A model big enough that writing its checkpoint takes most of each
-    iteration (a save at every one), killed at several moments: whatever is at
-    ckpt.pt must always load."""
+    """A model big enough that writing its checkpoint takes a while (a save at
+    every iteration), killed as soon as a save has begun to touch the files (its
+    temporary file appears, or ckpt.pt itself changes), whatever the machine's
+    speed. Whatever is at ckpt.pt must always load; a ckpt.pt.tmp left behind
+    shows that a kill landed mid-write."""
     args = ["--residual=ihc", "--n_layer=4", "--n_embd=256", "--n_head=4", "--block_size=16", "--batch_size=2",
-            "--eval_interval=1", "--eval_iters=1", "--max_iters=1000", "--device=cpu", "--progress=False",
+            "--eval_interval=1", "--eval_iters=1", "--max_iters=1000000", "--device=cpu", "--progress=False",
             f"--out_dir={tmp_path}"]
-    for delay in (0.3, 0.7, 1.1):
-        proc = start_training(*args, *([] if not (tmp_path / "ckpt.pt").exists() else ["--init_from=resume"]))
+    ckpt, tmp = tmp_path / "ckpt.pt", tmp_path / "ckpt.pt.tmp"
+
+    def saved():
+        return (ckpt.stat().st_size, ckpt.stat().st_mtime_ns) if ckpt.exists() else None
+
+    mid_write = 0
+    for _ in range(3):
+        proc = start_training(*args, *([] if not ckpt.exists() else ["--init_from=resume"]))
         evaluations = 0
-        while evaluations < 3:  # a checkpoint is written after every evaluation past iteration 0
-            evaluations += proc.stdout.readline().startswith("iter")
-        time.sleep(delay)
+        while evaluations < 3:  # the third evaluation of a run is followed by a save (the first never is)
+            line = proc.stdout.readline()
+            assert line, proc.communicate()[1][-3000:]
+            evaluations += line.startswith("iter")
+        before = saved()
+        while not tmp.exists() and saved() == before:  # until a save begins
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.0005)
         proc.kill()
         proc.wait()
-        torch.load(tmp_path / "ckpt.pt", weights_only=True)  # raises if truncated
+        torch.load(ckpt, weights_only=True)  # raises if truncated
+        mid_write += tmp.exists()
+        tmp.unlink(missing_ok=True)  # the next run's save must show itself by a new one
+    assert mid_write > 0, "no kill landed while a checkpoint was being written: the test checked nothing"
 
 
 def test_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
@@ -561,8 +629,9 @@ def test_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
         assert abs(one[key] - two[key]) < 1e-4, f"{key}: {one[key]} vs {two[key]}"
 
 
+@needs_triton
 @pytest.mark.parametrize("name", ["mhc", "norm_gated_ihc"])
-def test_training_with_triton_kernels_matches_torch(name, tmp_path):
+def test_training_with_triton_kernels_matches_fused(name, tmp_path):
     """A few iterations through the Triton kernels (in the interpreter) give the
     losses of the fused path."""
     common = [f"--residual={name}", "--max_iters=4", "--eval_interval=2", "--eval_iters=1", "--batch_size=2",
@@ -858,7 +927,7 @@ def test_fused_stream_ops_gradcheck(n, mix):
 @pytest.mark.parametrize("expanded", [False, True], ids=["dense", "expanded"])
 def test_rms_projection(shape, expanded):
     """Only fused.py has its own: kernels.py uses the reference (a cuBLAS matmul)."""
-    assert stream_ops("triton").rms_projection is residuals.rms_projection
+    assert kernels is None or kernels.rms_projection is residuals.rms_projection
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g, dtype=torch.float64)
     if expanded:  # a stride-0 view, as the model's first layer hands its state: n equal streams
@@ -930,7 +999,7 @@ def test_sinkhorn_matches_float64_definition(impl, n):
     gen = torch.Generator().manual_seed(n)
     for scale in (0.1, 1.0, 5.0):
         logits = scale * torch.randn(256, n, n, generator=gen)
-        out = stream_ops(impl).sinkhorn(logits)
+        out = implementation(impl).sinkhorn(logits)
         assert out.dtype == torch.float32
         err = (out.double() - sinkhorn_float64_definition(logits)).abs().max().item()
         assert err < 1e-5, f"scale {scale}: max error {err} against the float64 definition"
@@ -950,7 +1019,7 @@ def test_sinkhorn_finite_for_extreme_logits(impl):
         logits[0] = scale  # constant matrix
         logits[1, 0] = scale  # one huge row
         logits[2, :, 0] = -scale  # one tiny column
-        out = stream_ops(impl).sinkhorn(logits)
+        out = implementation(impl).sinkhorn(logits)
         assert torch.isfinite(out).all(), f"non-finite output at scale {scale}"
         assert (out.sum(-2) - 1).abs().max() < 1e-5, f"columns do not sum to 1 at scale {scale}"
         assert (out >= 0).all()
@@ -993,6 +1062,7 @@ def test_fused_sinkhorn_gradcheck(shape):
 # --- kernels.py only ------------------------------------------------------------------------
 
 
+@needs_triton
 def test_triton_unavailable_is_an_error(monkeypatch):
     monkeypatch.setattr(kernels, "INTERPRETED", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -1023,6 +1093,7 @@ for mix in (K.MIX_IDENTITY, K.MIX_DIAGONAL, K.MIX_FULL):
 """
 
 
+@needs_triton
 def test_kernels_compile_for_gpu():
     """The interpreter runs any Python; the GPU compiler accepts less (an index
     computed by a conditional expression once passed there and failed here).
@@ -1096,9 +1167,9 @@ def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
                f"--results_dir={tmp_path / 'r2'}", *args]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     checkpoint = tmp_path / "stopped" / "ihc-s3" / "ckpt.pt"
-    while not checkpoint.exists():  # saved at iteration 50: the run is under way
+    while not checkpoint.exists():  # saved at iteration 50: stopped by this event, 350 iterations before the end
         assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
+        time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "Rerun the same command to resume" in err, err
@@ -1131,3 +1202,214 @@ def test_bench_profile_names_where_the_time_goes():
     assert residual_ms[0] == 0 and mhc_ms[0] > 0, result.stdout
     assert any("[768, 4, 4]" in row[1] for row in rows), result.stdout
 
+
+# === GPU: skipped without CUDA ===
+# The kernels compiled for a real GPU at the sizes they serve (a 12 x 768 model,
+# 64 x 1024 tokens, n = 2..8), where the interpreter above cannot look: GPU
+# rounding (round-to-nearest bf16, approximate division and exp), reductions over
+# small tiles, determinism, torch.compile. bash gpu_check.sh runs them and bench.py:
+#     TRITON_INTERPRET=0 python -m pytest tests.py -k gpu
+# With GPU_TESTS_ON_CPU=1 the same tests run on the CPU in the interpreter at tiny
+# sizes (minutes, not part of the CPU suite): break a kernel and watch them fail.
+
+GPU_ON_CPU = os.environ.get("GPU_TESTS_ON_CPU") == "1"
+GPU_DEVICE = "cpu" if GPU_ON_CPU else "cuda"
+gpu = pytest.mark.skipif(
+    kernels is None or not (GPU_ON_CPU or (torch.cuda.is_available() and not kernels.INTERPRETED)),
+    reason="needs a CUDA GPU and TRITON_INTERPRET=0 (or GPU_TESTS_ON_CPU=1: tiny sizes in the interpreter)")
+GPU_TOKENS = (3, 21) if GPU_ON_CPU else (64, 1024)  # (B, T)
+GPU_C = 300 if GPU_ON_CPU else 768  # 300: two channel blocks, the second ragged
+# Relative RMS error against float64, by the dtype of the tensor compared. float32:
+# the kernels sum at most C = 768 products in float32 (unit roundoff 6e-8; a sum's
+# relative error grows like sqrt(C) * 6e-8 ~ 2e-6), far under 1e-5. bf16: each output
+# is rounded once to bf16 (unit roundoff 2^-9 = 2e-3: an RMS relative error of ~1.1e-3
+# rounding to nearest on a GPU, ~2.3e-3 truncating in the interpreter), so 5e-3.
+GPU_TOL = {torch.float32: 1e-5, torch.bfloat16: 5e-3}
+# The dtypes of a case: (state h, sublayer output y, coefficients pre/post/mix/logits).
+GPU_DTYPES = {"float32": (torch.float32,) * 3, "bf16": (torch.bfloat16,) * 3,
+              "model": (torch.float32, torch.bfloat16, torch.float32)}  # the model under bf16 autocast
+
+
+def gpu_poison():
+    """Fill free GPU memory with NaN, so an output the kernel fails to write is NaN
+    (torch.empty hands out the freed blocks) and assert_close reports it."""
+    if GPU_DEVICE == "cuda":
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info()
+        torch.full(((free // 2) // 4,), float("nan"), device="cuda")
+
+
+def gpu_inputs(op, n, dtypes, mix=None, seed=0):
+    """Random inputs at the GPU tests' sizes, as a dict of the op's arguments."""
+    g = torch.Generator(GPU_DEVICE).manual_seed(seed)
+    rand = lambda *shape, dtype: torch.rand(*shape, generator=g, device=GPU_DEVICE).to(dtype)
+    randn = lambda *shape, dtype: torch.randn(*shape, generator=g, device=GPU_DEVICE).to(dtype)
+    h_dtype, y_dtype, coef_dtype = GPU_DTYPES[dtypes]
+    B, T = GPU_TOKENS
+    h = randn(B, T, n, GPU_C, dtype=h_dtype)
+    if op == "stream_read":
+        return dict(h=h, pre=rand(B, T, n, dtype=coef_dtype))
+    mixes = {"none": None, "diagonal": rand(B, T, n, dtype=coef_dtype),
+             "full": (2 * rand(B, T, n, n, dtype=torch.float32) - 1).to(coef_dtype)}
+    return dict(h=h, mix=mixes[mix], post=2 * rand(B, T, n, dtype=coef_dtype), y=randn(B, T, GPU_C, dtype=y_dtype))
+
+
+def gpu_run(op, inputs, upstream=None):
+    """kernels.op's output and gradients for one upstream gradient (random unless given)."""
+    leaves = {k: v if v is None or not v.is_floating_point() else v.detach().clone().requires_grad_()
+              for k, v in inputs.items()}
+    gpu_poison()
+    out = getattr(kernels, op)(**leaves)
+    if upstream is None:
+        upstream = torch.randn(out.shape, generator=torch.Generator(GPU_DEVICE).manual_seed(1), device=GPU_DEVICE)
+    out.backward(upstream)
+    return out.detach(), upstream, {k: v.grad for k, v in leaves.items() if isinstance(v, torch.Tensor) and v.grad is not None}
+
+
+def gpu_check_against_float64(op, inputs, reference, grad_floor=0.0):
+    out, upstream, grads = gpu_run(op, inputs)
+    leaves64 = {k: v.detach().double().requires_grad_() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    ref = reference(**leaves64)
+    ref.backward(upstream.double())
+    assert_close(f"{op} output", out, ref, GPU_TOL[out.dtype])
+    floor = grad_floor * upstream.pow(2).mean().sqrt().item()
+    for name, got in grads.items():
+        assert got.dtype == inputs[name].dtype, f"{op}: d {name} has dtype {got.dtype}, not {inputs[name].dtype}"
+        assert_close(f"{op} d {name}", got, leaves64[name].grad, GPU_TOL[got.dtype], floor)
+
+
+@gpu
+@pytest.mark.parametrize("dtypes", ["float32", "bf16"])  # the model's read is all float32
+@pytest.mark.parametrize("n", range(2, 9))
+def test_gpu_stream_read_matches_float64(n, dtypes):
+    gpu_check_against_float64("stream_read", gpu_inputs("stream_read", n, dtypes), residuals.stream_read)
+
+
+@gpu
+@pytest.mark.parametrize("dtypes", list(GPU_DTYPES))
+@pytest.mark.parametrize("mix", ["none", "diagonal", "full"])
+@pytest.mark.parametrize("n", range(2, 9))
+def test_gpu_stream_write_matches_float64(n, mix, dtypes):
+    gpu_check_against_float64("stream_write", gpu_inputs("stream_write", n, dtypes, mix), residuals.stream_write)
+
+
+@gpu
+@pytest.mark.parametrize("scale, dtype", [(1, torch.float32), (5, torch.float32), (50, torch.float32),
+                                          (1e4, torch.float32), (3, torch.bfloat16)],
+                         ids=["1-float32", "5-float32", "50-float32", "1e4-float32", "3-bf16"])
+@pytest.mark.parametrize("n", range(2, 9))
+def test_gpu_sinkhorn_matches_float64(n, scale, dtype):
+    """One matrix per token. At scale 1e4 the true gradient is ~1e-30, below float32's
+    rounding of O(1) numbers: it is compared against the upstream gradient's scale."""
+    B, T = GPU_TOKENS
+    logits = (torch.randn(B, T, n, n, generator=torch.Generator(GPU_DEVICE).manual_seed(n), device=GPU_DEVICE)
+              * scale).to(dtype)
+    gpu_check_against_float64("sinkhorn", dict(logits=logits), residuals.sinkhorn, grad_floor=1e-3)
+
+
+@gpu
+@pytest.mark.parametrize("op, mix", [("stream_read", None), ("stream_write", "none"), ("stream_write", "diagonal"),
+                                     ("stream_write", "full"), ("sinkhorn", None)])
+def test_gpu_kernels_are_deterministic(op, mix):
+    """Two runs on the same inputs give bitwise-equal outputs and gradients (no
+    atomics, no order that depends on scheduling)."""
+    if op == "sinkhorn":
+        B, T = GPU_TOKENS
+        inputs = dict(logits=5 * torch.randn(B, T, 4, 4, generator=torch.Generator(GPU_DEVICE).manual_seed(0),
+                                             device=GPU_DEVICE))
+    else:
+        inputs = gpu_inputs(op, 4, "model" if op == "stream_write" else "float32", mix)
+    first, upstream, first_grads = gpu_run(op, inputs)
+    second, _, second_grads = gpu_run(op, inputs, upstream)
+    assert torch.equal(first, second), f"{op}: two runs gave different outputs"
+    for name in first_grads:
+        assert torch.equal(first_grads[name], second_grads[name]), f"{op}: two runs gave different d {name}"
+
+
+GPU_TRAIN_ITERS = 4 if GPU_ON_CPU else 20  # the interpreter takes seconds per iteration
+
+
+def gpu_train(name, kernels_impl, out_dir, *args):
+    """Start train.py: a few iterations at the GPU defaults (6 x 384, batch 64 x 256, bf16
+    autocast, TF32), or a tiny model in the interpreter with GPU_TESTS_ON_CPU=1."""
+    size = ([*TINY[:3], "--batch_size=2", "--block_size=16", "--eval_iters=1", "--warmup_iters=1", "--device=cpu"]
+            if GPU_ON_CPU else ["--device=cuda", "--eval_iters=20"])
+    command = [sys.executable, "train.py", f"--residual={name}", f"--kernels={kernels_impl}",
+               f"--max_iters={GPU_TRAIN_ITERS}", f"--eval_interval={GPU_TRAIN_ITERS // 2}", "--dropout=0.0",
+               "--progress=False", f"--out_dir={out_dir}", *size, *args]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+# Limits on the train and val loss gaps between two runs, at iteration 0 and at the last evaluation.
+# At iteration 0 the weights are equal and only the stream ops' rounding differs;
+# under bf16 autocast every matmul rounds its inputs to 8 bits, so a last-bit change
+# of the float32 state flips some of those roundings: the loss moves by ~1e-4,
+# limit 2e-3. Twenty AdamW steps amplify such differences, limit 2e-2 (an effect of
+# a wrong kernel, e.g. a dropped term, is larger than that after 20 steps), or three
+# times the gap between two runs of the very same torch path (the GPU's own
+# nondeterminism), whichever is larger. In the interpreter (float32 on the CPU):
+# 1e-4 throughout, as in test_training_with_triton_kernels_matches_fused.
+GPU_TRAIN_LIMITS = (1e-4, 1e-4) if GPU_ON_CPU else (2e-3, 2e-2)
+GPU_TRAIN_RUNS = [(name, impl, tag, args) for name in ("mhc", "gated_ihc", "ihc") for impl in ("triton", "fused")
+                  for tag, args in [("eager", ())]] + [("mhc", "fused", "rerun", ()),
+                                                       ("mhc", "triton", "compiled", ("--compile=True",))]
+
+
+@pytest.fixture(scope="module")
+def gpu_training(tmp_path_factory):
+    """Every training run of the GPU tests, started at once: {(name, impl, tag): metrics rows}."""
+    root = tmp_path_factory.mktemp("gpu_training")
+    procs = {(name, impl, tag): gpu_train(name, impl, root / f"{name}.{impl}.{tag}", *args)
+             for name, impl, tag, args in GPU_TRAIN_RUNS}
+    rows = {}
+    for key, proc in procs.items():
+        out, _ = proc.communicate(timeout=1800)
+        assert proc.returncode == 0, f"train.py {key}: {out[-3000:]}"
+        rows[key] = metrics(root / ".".join(key))
+    return rows
+
+
+def gpu_gap(a, b, it):
+    row_a, row_b = ({r["iter"]: r for r in rows}[it] for rows in (a, b))
+    return max(abs(row_a[k] - row_b[k]) for k in ("train_loss", "val_loss"))
+
+
+@gpu
+@pytest.mark.parametrize("name", ["mhc", "gated_ihc", "ihc"])
+def test_gpu_training_triton_matches_fused(name, gpu_training):
+    noise = gpu_gap(gpu_training[("mhc", "fused", "eager")], gpu_training[("mhc", "fused", "rerun")], GPU_TRAIN_ITERS)
+    for it, limit in zip((0, GPU_TRAIN_ITERS), GPU_TRAIN_LIMITS):
+        limit = max(limit, 3 * noise) if it else limit
+        gap = gpu_gap(gpu_training[(name, "triton", "eager")], gpu_training[(name, "fused", "eager")], it)
+        assert gap <= limit, f"{name} at iteration {it}: triton and fused losses differ by {gap:.2e} > {limit:.0e}"
+
+
+@gpu
+def test_gpu_compiled_training_with_triton_kernels(gpu_training):
+    """--compile=True --kernels=triton trains (the kernels are custom ops that dynamo
+    keeps whole) and matches the eager run."""
+    compiled, eager = gpu_training[("mhc", "triton", "compiled")], gpu_training[("mhc", "triton", "eager")]
+    assert compiled[-1]["val_loss"] < compiled[0]["val_loss"], [r["val_loss"] for r in compiled]
+    for it, limit in zip((0, GPU_TRAIN_ITERS), GPU_TRAIN_LIMITS):
+        gap = gpu_gap(compiled, eager, it)
+        assert gap <= limit, f"iteration {it}: compiled and eager losses differ by {gap:.2e} > {limit:.0e}"
+
+
+@gpu
+def test_gpu_compiled_model_is_one_graph():
+    """dynamo traces a model on the Triton kernels without a graph break
+    (fullgraph=True raises at the first one), forward and backward."""
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=2, n_embd=64, residual="mhc", n_streams=4,
+                       kernels="triton")
+    model = GPT(config).to(GPU_DEVICE)
+    idx = torch.randint(0, 65, (2, 64), device=GPU_DEVICE)
+    _, loss = torch.compile(model, fullgraph=True, backend="aot_eager" if GPU_ON_CPU else "inductor")(idx, idx)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    _, eager = model(idx, idx)
+    eager.backward()
+    assert_close("compiled loss", loss.detach(), eager.detach(), 1e-5)
+    assert_close("compiled gradients", torch.cat([g.flatten() for g in grads]),
+                 torch.cat([p.grad.flatten() for p in model.parameters()]), 1e-5)

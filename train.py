@@ -34,7 +34,7 @@ from residuals import TOPOLOGIES
 out_dir = ""  # "" means out-<residual>
 eval_interval = 250
 eval_iters = 50  # batches per split in estimate_loss (the same batches at every evaluation)
-log_interval = 10  # iterations between progress-bar updates
+log_interval = 10  # iterations between progress reports (and, on a GPU, between reads of the loss)
 always_save_checkpoint = True  # False: save only when val loss improves
 init_from = "scratch"  # scratch or resume (from out_dir/ckpt.pt)
 # data
@@ -71,7 +71,7 @@ device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
 compile = False  # torch.compile the model
 seed = 1337
-progress = True  # tqdm progress bar
+progress = "auto"  # auto: a tqdm bar if stderr is a terminal, else lines; bar; lines (one per log_interval); False: none
 # nanoGPT's shakespeare_char model: the defaults on a GPU, for every key not set by the user
 GPU_DEFAULTS = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2,
                     max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100)
@@ -82,7 +82,7 @@ user_set = configure(globals())
 # --- check every setting before any work, so a mistake costs nothing --------
 if residual not in TOPOLOGIES:
     fail(f"unknown residual '{residual}'; choose one of: {', '.join(TOPOLOGIES)}")
-choices = dict(init_from=("scratch", "resume"), kernels=("auto", *KERNELS))
+choices = dict(init_from=("scratch", "resume"), kernels=("auto", *KERNELS), progress=("auto", "bar", "lines", "False"))
 for key, allowed in choices.items():
     if globals()[key] not in allowed:
         fail(f"unknown {key} '{globals()[key]}'; choose one of: {', '.join(allowed)}")
@@ -278,10 +278,59 @@ def elapsed_s():
 
 
 # --- the training loop ----------------------------------------------------------
+# A bar redraws itself with carriage returns: right for a person at a terminal, a
+# mess in a log file (nohup, CI, a pipe), which gets nanoGPT's plain lines instead.
 start_iter = iter_num
-bar = tqdm(total=max_iters, initial=iter_num, desc=residual, disable=not (master and progress), dynamic_ncols=True)
+if progress == "auto":
+    progress = "bar" if sys.stderr.isatty() else "lines"
+bar = tqdm(total=max_iters, initial=iter_num, desc=residual, disable=not (master and progress == "bar"),
+           dynamic_ncols=True)
 tokens_since_eval, train_time_since_eval = 0, 0.0
+unread_losses = []  # (iteration, loss on the device) the host has not looked at yet
+last_loss = float("nan")
+reported = (time.time(), iter_num)  # the last report: training time is measured from it, evaluations excluded
+
+
+def read_losses():
+    """The losses since the last read, in one host-device sync. A non-finite one ends
+    the run before anything is saved: the last checkpoint stays the last good one."""
+    global last_loss
+    if not unread_losses:
+        return
+    values = torch.stack([loss for _, loss in unread_losses]).tolist()
+    for (it, _), value in zip(unread_losses, values):
+        if not math.isfinite(value):
+            last = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was saved yet"
+            bar.close()
+            print(f"error: loss is {value} at iteration {it}; stopped without saving ({last}). "
+                  f"Try a lower --learning_rate or --dtype=float32", file=sys.stderr)
+            sys.exit(1)
+    unread_losses.clear()
+    last_loss = values[-1]
+
+
+def report():
+    """Read the losses, time the iterations since the last report (the read waited
+    for the device, so the clock covers their work), show the progress."""
+    global reported, tokens_since_eval, train_time_since_eval
+    read_losses()
+    now = time.time()
+    dt, iters = now - reported[0], iter_num - reported[1]
+    reported = (now, iter_num)
+    tokens_since_eval += iters * tokens_per_iter
+    train_time_since_eval += dt
+    if iter_num % log_interval == 0:
+        tok_s = iters * tokens_per_iter / dt
+        if progress == "lines" and master:
+            print(f"iter {iter_num}: loss {last_loss:.4f}, time {1e3 * dt / iters:.1f} ms, {tok_s:,.0f} tokens/s, "
+                  f"lr {lr:.1e}", flush=True)
+        bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.1e}")
+
+
 while True:
+    if iter_num > reported[1] and (iter_num % log_interval == 0 or iter_num % eval_interval == 0
+                                   or iter_num >= max_iters or stop_signal):
+        report()
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -299,14 +348,15 @@ while True:
                 if iter_num > start_iter:  # something new to save (a resumed run starts from its checkpoint)
                     save_checkpoint()
         tokens_since_eval, train_time_since_eval = 0, 0.0
+        reported = (time.time(), iter_num)
     if iter_num >= max_iters:
         break
     if stop_signal:
+        read_losses()  # the signal may have come after this iteration's report: never save a diverged model
         if master:
             save_checkpoint()
             bar.write(f"{stop_signal.name}: saved {ckpt_path} at iteration {iter_num}; continue with --init_from=resume")
         break
-    t0 = time.time()
     for micro_step in range(gradient_accumulation_steps):
         if ddp:  # sync gradients only at the last micro-step
             model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
@@ -315,28 +365,23 @@ while True:
             _, loss = model(X, Y)
             loss = loss / gradient_accumulation_steps
         scaler.scale(loss).backward()
-    lossf = loss.item() * gradient_accumulation_steps
-    if not math.isfinite(lossf):  # stop before the update: the weights and the last checkpoint stay good
-        last = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was saved yet"
-        bar.close()
-        print(f"error: loss is {lossf} at iteration {iter_num}; stopped without saving ({last}). "
-              f"Try a lower --learning_rate or --dtype=float32", file=sys.stderr)
-        sys.exit(1)
+    unread_losses.append((iter_num, loss.detach() * gradient_accumulation_steps))
+    if device_type == "cuda":
+        # No host-device sync here: the fused AdamW (model.configure_optimizers on CUDA)
+        # skips its whole update (weights, moments, step count) on the device where
+        # found_inf is 1, as under GradScaler, and the run stops at the next read. With
+        # float16 the enabled GradScaler sets found_inf itself, from the gradients.
+        optimizer.found_inf = (~torch.isfinite(unread_losses[-1][1])).float()
+    else:
+        read_losses()  # stop before the update; nothing runs asynchronously here, so reading costs nothing
     if grad_clip != 0.0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    if device_type == "cuda":
-        torch.cuda.synchronize()
-    dt = time.time() - t0
-    tokens_since_eval += tokens_per_iter
-    train_time_since_eval += dt
     iter_num += 1
     bar.update(1)
-    if iter_num % log_interval == 0:
-        bar.set_postfix(loss=f"{lossf:.4f}", tok_s=f"{tokens_per_iter / dt:,.0f}", lr=f"{lr:.1e}")
 bar.close()
 if ddp:
     torch.distributed.destroy_process_group()

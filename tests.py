@@ -219,6 +219,81 @@ def test_coefficients_follow_the_papers_equations(name):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} {what}: {m}")
 
 
+def gated(name, n=4, **config):
+    """A gated topology on its own, float64, to feed gate logits to its mix() directly."""
+    return TOPOLOGIES[name](GPTConfig(n_embd=8, n_head=2, residual=name, n_streams=n, **config), 0, residuals).double()
+
+
+def test_gate_clip_reaches_exact_0_and_1_and_passes_the_gradient():
+    """Seed 000 s.13: a gate that can be exactly 0 (a reset) and exactly 1, whose
+    logit still learns where the clip holds it (straight-through: gradient 1)."""
+    u = torch.tensor([-0.5, 0.0, 0.3, 1.0, 1.7], dtype=torch.float64, requires_grad=True)
+    g = residuals.gate_clip(u)
+    assert g.tolist() == [0.0, 0.0, 0.3, 1.0, 1.0]
+    g.backward(torch.arange(1.0, 6.0, dtype=torch.float64))
+    assert u.grad.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.parametrize("open_gates", [4, 3, 2, 1])
+def test_norm_gate_keeps_the_rms_gain_at_one(open_gates):
+    """Seed 000 s.9: with k of n binary gates open, c(g) = sqrt(n / k), so the open
+    streams' squares sum to n (while c stays under gate_c_max); fractional gates get
+    c = sqrt(n) / |g|."""
+    n = 4
+    topology = gated("norm_gated_ihc", n, gate_c_max=10.0)
+    binary = torch.tensor([1.0] * open_gates + [0.0] * (n - open_gates), dtype=torch.float64).view(1, 1, n)
+    close = dict(rtol=1e-5, atol=0)  # c's denominator carries an eps of 1e-6
+    torch.testing.assert_close(topology.mix(binary), math.sqrt(n / open_gates) * binary, **close)
+    assert abs(topology.mix(binary).square().sum().item() - n) < 1e-4
+    fractional = torch.tensor([0.9, 0.5, 0.2, 0.0][:open_gates] + [0.0] * (n - open_gates), dtype=torch.float64)
+    fractional = fractional.view(1, 1, n)
+    torch.testing.assert_close(topology.mix(fractional), math.sqrt(n) / fractional.norm() * fractional, **close)
+
+
+def test_norm_gate_correction_is_capped():
+    n = 4
+    topology = gated("norm_gated_ihc", n, gate_c_max=1.2)
+    g = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64).view(1, 1, n)  # sqrt(n / k) = 1.41 > 1.2
+    torch.testing.assert_close(topology.mix(g), 1.2 * g)
+
+
+@pytest.mark.parametrize("name", ["gated_ihc", "norm_gated_ihc"])
+def test_gate_anchor_keeps_stream_0_open(name):
+    logits = torch.tensor([-3.0, 0.25, 0.0, 2.0], dtype=torch.float64).view(1, 1, 4)
+    assert gated(name, gate_anchor=True).gate(logits).view(-1).tolist() == [1.0, 0.25, 0.0, 1.0]
+    assert gated(name, gate_anchor=False).gate(logits).view(-1).tolist() == [0.0, 0.25, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("g", [0.0, 0.3, 1.0])
+def test_mean_gate_keeps_the_mean_and_scales_the_differences(g):
+    """Seed 000 s.8: MIX = J + g (I - J) leaves the streams' mean alone and scales
+    every zero-sum direction by g, a reset of all of them at g = 0."""
+    n = 4
+    topology = gated("mean_gated_ihc", n)
+    h = torch.randn(2, 3, n, 5, dtype=torch.float64)
+    out = residuals.stream_write(h, topology.mix(torch.full((2, 3, 1), g, dtype=torch.float64)),
+                                 torch.zeros(2, 3, n, dtype=torch.float64), torch.zeros(2, 3, 5, dtype=torch.float64))
+    mean = h.mean(2, keepdim=True)
+    torch.testing.assert_close(out.mean(2, keepdim=True), mean)
+    torch.testing.assert_close(out - out.mean(2, keepdim=True), g * (h - mean))
+
+
+def test_mean_gate_cannot_reset_one_difference_and_keep_another():
+    """Seed 000 s.8's limitation, in float64: with n = 3 and zero-sum directions v1, v2,
+    the map that keeps the mean, resets v1 and keeps v2 is at least sqrt(1/2) (Frobenius)
+    from every J + g (I - J): on v1 the error is g, on v2 it is g - 1, and
+    g^2 + (g - 1)^2 >= 1/2. A per-stream gate does better than any scalar one."""
+    n = 3
+    J = torch.full((n, n), 1.0 / n, dtype=torch.float64)
+    v2 = torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64) / math.sqrt(2)
+    target = J + torch.outer(v2, v2)  # keep the mean and v2, reset v1 = (1, 1, -2) / sqrt(6)
+    gs = torch.linspace(0, 1, 10001, dtype=torch.float64)
+    distance = torch.stack([torch.linalg.matrix_norm(J + g * (torch.eye(n, dtype=torch.float64) - J) - target)
+                            for g in gs])
+    assert distance.min() >= math.sqrt(0.5) - 1e-12 and abs(distance.min() - math.sqrt(0.5)) < 1e-6
+    assert abs(gs[distance.argmin()].item() - 0.5) < 1e-3
+
+
 # Sinkhorn is tested in one place, every implementation together: see "Sinkhorn"
 # in the fused.py and kernels.py section.
 

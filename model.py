@@ -186,14 +186,19 @@ class GPT(nn.Module):
         the product of every sublayer's MIX per token. Forward gain: the largest
         absolute row sum of P; backward gain: the largest absolute column sum; max
         over the batch's tokens. 1 for the residual and for products of doubly
-        stochastic matrices; hc can grow; gates below 1 shrink it.
-        Gated topologies also report, per sublayer, the mean gate and the fraction
-        of gates below 0.01 (resets).
+        stochastic matrices; hc can grow; gates below 1 shrink it. The maximum
+        hides decay, so also: the gain of the mean direction, |P 1| / |1| (the
+        streams' common mode, which the LM head reads), averaged over tokens; and
+        P's effective rank, exp(entropy of its normalized singular values), n for
+        an invertible P with equal singular values, 1 after a collapse to rank 1.
+        Gated topologies also report, per sublayer, the mean gate, the fraction of
+        gates below 0.01 (resets) and the fraction of gate logits outside [0, 1]
+        (held by the clip: their updates do not change the forward pass).
         """
         h = self.embed(idx)
         n = h.size(2)
         product = torch.eye(n, device=idx.device).expand(*h.shape[:2], n, n)  # (B,T,n,n)
-        gate_mean, gate_resets = [], []
+        gate_mean, gate_resets, gate_clipped = [], [], []
         for block in self.transformer.h:
             for topology, sublayer in ((block.attn_topology, block.attn_sublayer),
                                        (block.mlp_topology, block.mlp_sublayer)):
@@ -204,10 +209,18 @@ class GPT(nn.Module):
                     g = topology.gate_values(h)
                     gate_mean.append(g.mean().item())
                     gate_resets.append((g < 0.01).float().mean().item())
+                    logits = topology.coefficients(h)[2]  # (B,T,K)
+                    gate_clipped.append(((logits < 0) | (logits > 1)).float().mean().item())
                 h = topology(h, sublayer)
-        report = dict(gain_forward=product.abs().sum(-1).max().item(), gain_backward=product.abs().sum(-2).max().item())
+        singular = torch.linalg.svdvals(product)  # (B,T,n)
+        total = singular.sum(-1, keepdim=True)
+        rank = torch.special.entr(singular / total.clamp_min(1e-30)).sum(-1).exp()  # 1 to n; 0 for P = 0
+        rank = torch.where(total.squeeze(-1) > 0, rank, 0.0)
+        report = dict(gain_forward=product.abs().sum(-1).max().item(), gain_backward=product.abs().sum(-2).max().item(),
+                      gain_mean_direction=(product.sum(-1).norm(dim=-1) / math.sqrt(n)).mean().item(),
+                      effective_rank=rank.mean().item())
         if gate_mean:
-            report.update(gate_mean=gate_mean, gate_reset_fraction=gate_resets)
+            report.update(gate_mean=gate_mean, gate_reset_fraction=gate_resets, gate_logits_clipped=gate_clipped)
         return report
 
     def forward(self, idx, targets=None):

@@ -383,7 +383,11 @@ def test_composite_gain_is_one_at_init(name):
     torch.manual_seed(0)
     report = GPT(tiny_config(name)).diagnostics(torch.randint(0, 65, (2, 16)))
     assert abs(report["gain_forward"] - 1) < 1e-5 and abs(report["gain_backward"] - 1) < 1e-5, report
-    assert ("gate_mean" in report) == (name in ("gated_ihc", "norm_gated_ihc", "mean_gated_ihc"))
+    assert abs(report["gain_mean_direction"] - 1) < 1e-5, report
+    n = TOPOLOGIES[name].default_n_streams  # P = I, except mhc's and mhc_lite's near-identity start
+    assert n - 1 < report["effective_rank"] <= n + 1e-4 if name in ("mhc", "mhc_lite") else \
+        abs(report["effective_rank"] - n) < 1e-4, report
+    assert ("gate_mean" in report) == ("gate_logits_clipped" in report) == (name in GATED)
 
 
 def test_composite_gain_of_the_mix_product():
@@ -398,6 +402,35 @@ def test_composite_gain_of_the_mix_product():
     report = model.diagnostics(torch.randint(0, 65, (2, 16)))
     assert abs(report["gain_forward"] - 2.0) < 1e-5  # rows of 2 * L sum to 2
     assert abs(report["gain_backward"] - 3.0) < 1e-5  # column 0 of 2 * L sums to 2 * 1.5
+
+
+def test_mean_direction_gain_and_effective_rank_see_decay_and_collapse():
+    """The maximum row sum hides a stream that fades or a product that collapses:
+    with MIX = diag(1, 1, 0, 0) in one sublayer, |P 1| / |1| = sqrt(2/4) and P has
+    rank 2; with J = ones / 4 (mHC's averaging mixer) the rank is 1 and the mean
+    direction keeps its gain 1. Streams 0 and 1 both copying stream 0, stream 2
+    kept, stream 3 reset: P 1 = (1, 1, 1, 0), singular values sqrt(2) and 1."""
+    p = torch.tensor([math.sqrt(2), 1.0]) / (math.sqrt(2) + 1)
+    copy = torch.tensor([[1.0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
+    for mix, gain, rank in ((torch.diag(torch.tensor([1.0, 1.0, 0.0, 0.0])), math.sqrt(0.5), 2.0),
+                            (torch.full((4, 4), 0.25), 1.0, 1.0),
+                            (copy, math.sqrt(3) / 2, math.exp(-(p * p.log()).sum().item()))):
+        torch.manual_seed(0)
+        model = GPT(tiny_config("hc"))
+        with torch.no_grad():
+            model.transformer.h[0].mlp_topology.mix_static.copy_(mix)
+        report = model.diagnostics(torch.randint(0, 65, (2, 16)))
+        assert abs(report["gain_mean_direction"] - gain) < 1e-5, report
+        assert abs(report["effective_rank"] - rank) < 1e-4, report
+
+
+def test_gate_logits_outside_the_clip_are_counted():
+    torch.manual_seed(0)
+    model = GPT(tiny_config("gated_ihc"))
+    with torch.no_grad():  # W = 0 at init: the gate logits are their biases
+        model.transformer.h[0].attn_topology.bias[8:].copy_(torch.tensor([1.5, -0.2, 1.0, 0.0]))
+    report = model.diagnostics(torch.randint(0, 65, (2, 16)))
+    assert report["gate_logits_clipped"] == [0.5, 0.0, 0.0, 0.0], report
 
 
 def test_hc_gain_grows_while_mhc_stays_near_one(tmp_path):

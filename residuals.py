@@ -28,9 +28,10 @@ one interface, `Topology(config, sublayer_index, ops)` with
 from (not bundled); theory.py states and checks its theorems.
 
 Every op a topology calls through `ops` (stream_read, stream_write, sinkhorn,
-rms_projection, dynamic_read) is defined here as the reference. fused.py (fast
-CPU autograd Functions) and kernels.py (Triton) implement the same signatures,
-and GPTConfig.kernels picks one of the three; tests.py checks each against these.
+rms_projection, dynamic_read) is defined here as the reference. fused.py (the
+same ops with hand-written backwards, fast on a CPU) and kernels.py (Triton)
+implement the same signatures, and GPTConfig.kernels picks one of the three;
+tests.py checks each against these.
 
 Dimension legend (used in every shape comment):
     B batch, T time (tokens), n streams, C channels per stream (n_embd),

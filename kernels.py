@@ -35,7 +35,9 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from residuals import dynamic_coefficients, rms_projection  # no kernels for these: small matmuls (cuBLAS)
+# No kernels for the coefficient maths (small matmuls: cuBLAS): the switch hands the
+# topologies residuals.py's rms_projection from here, and dynamic_read below uses it.
+from residuals import dynamic_coefficients, rms_projection  # noqa: F401
 
 
 def check_triton_available(device="cuda"):

@@ -206,10 +206,10 @@ class GPT(nn.Module):
                 if mix is not None:
                     product = mix.float() @ product
                 if isinstance(topology, residuals.GatedIHC):
-                    g = topology.gate_values(h)
+                    logits = topology.coefficients(h)[2]  # (B,T,K)
+                    g = topology.gate(logits)  # (B,T,n), or (B,T,1) for mean_gated_ihc
                     gate_mean.append(g.mean().item())
                     gate_resets.append((g < 0.01).float().mean().item())
-                    logits = topology.coefficients(h)[2]  # (B,T,K)
                     gate_clipped.append(((logits < 0) | (logits > 1)).float().mean().item())
                 h = topology(h, sublayer)
         singular = torch.linalg.svdvals(product)  # (B,T,n)

@@ -310,10 +310,6 @@ class GatedIHC(DynamicStreams):
     def mix(self, res):
         return self.gate(res)
 
-    def gate_values(self, h):
-        """The gates g (B,T,n), or (B,T,1) for mean_gated_ihc (for diagnostics)."""
-        return self.gate(self.coefficients(h)[2])
-
 
 class NormGatedIHC(GatedIHC):
     """norm_gated_ihc: MIX = c(g) diag(g), c(g) = min(c_max, sqrt(n) / (|g| + eps)).

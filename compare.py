@@ -180,7 +180,7 @@ def load_metrics():
     curves = {name: [] for name in names}
     for topology, seed in runs:
         with open(paths[run_name(topology, seed)]) as f:
-            curves[topology].append([json.loads(line) for line in f])
+            curves[topology].append([row for row in map(json.loads, f) if "val_loss" in row])  # evaluations
     return curves
 
 

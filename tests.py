@@ -58,9 +58,10 @@ def run(script, *args, check=True):
     return result
 
 
-def metrics(out_dir):
+def metrics(out_dir, kind="val_loss"):
+    """A run's metrics.jsonl rows of one kind: evaluations (val_loss) or progress lines (grad_norm)."""
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        return [row for row in map(json.loads, f) if kind in row]
 
 
 def tiny_config(residual, n_streams=None, **kw):
@@ -554,6 +555,29 @@ def test_resume_matches_uninterrupted_run(tmp_path):
     for key in ("train_loss", "val_loss"):
         assert abs(straight[-1][key] - resumed[-1][key]) < 1e-4, f"{key} at 40: {straight[-1]} vs {resumed[-1]}"
 
+    straight_progress, resumed_progress = metrics(tmp_path / "straight", "grad_norm"), metrics(tmp_path / "resumed", "grad_norm")
+    assert [r["iter"] for r in resumed_progress] == [r["iter"] for r in straight_progress] == [10, 20, 30, 40]
+    assert all(abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 for a, b in zip(straight_progress, resumed_progress))
+
+
+@pytest.mark.parametrize("grad_clip", [0.5, 0.0])
+def test_progress_rows_hold_the_gradient_norm_before_clipping(grad_clip, tmp_path):
+    """Iteration 0's gradient norm, recomputed here from the same seed and batch."""
+    run("train.py", "--residual=norm_gated_ihc", "--max_iters=3", "--eval_interval=3", "--log_interval=1",
+        f"--grad_clip={grad_clip}", f"--out_dir={tmp_path}", *TINY)
+    rows = metrics(tmp_path, "grad_norm")
+    assert [r["iter"] for r in rows] == [1, 2, 3]
+    settings = dict(arg[2:].split("=") for arg in TINY)
+    torch.manual_seed(1337)  # train.py's default seed, set before the model is built
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, bias=False,
+                          residual="norm_gated_ihc", n_streams=4))
+    data = np.memmap(os.path.join(DATA_DIR, "shakespeare_char", "train.bin"), dtype=np.uint16, mode="r")
+    x, y = get_batch(data, int(settings["batch_size"]), int(settings["block_size"]), torch.Generator().manual_seed(1337))
+    model(x, y)[1].backward()
+    norm = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).norm().item()
+    assert norm > 0.5, "the test needs a norm that clipping to 0.5 would change"
+    assert abs(rows[0]["grad_norm"] - norm) < 1e-4 * norm, (rows[0], norm)
+    assert rows[0]["grad_norm_max"] == rows[0]["grad_norm"] and all(math.isfinite(r["loss"]) for r in rows)
 
 
 @pytest.mark.parametrize("progress, stderr_is_a_terminal, bar", [

@@ -8,8 +8,9 @@ Train a GPT with any residual topology. nanoGPT's training loop.
 Every global below is a setting (--key=value). Sizes not set by the user follow
 the device: nanoGPT's CPU recipe on a CPU, nanoGPT's shakespeare_char model
 (6 x 384, block 256) on a GPU. Writes out_dir/ckpt.pt (plain tensors and values:
-torch.load(weights_only=True) reads it) and one JSON line per evaluation in
-out_dir/metrics.jsonl. Ctrl-C or SIGTERM saves a checkpoint and exits; resume
+torch.load(weights_only=True) reads it) and out_dir/metrics.jsonl: one JSON line
+per evaluation (val_loss, diagnostics) and one per log_interval (the training loss
+and the global gradient norm, which explains a spike). Ctrl-C or SIGTERM saves a checkpoint and exits; resume
 with --init_from=resume.
 """
 import json
@@ -248,9 +249,11 @@ def log_metrics(row):
 
 
 def keep_metrics_before(it):
-    """On resume, drop metric lines the checkpoint does not cover (written after it)."""
+    """On resume, drop metric lines the checkpoint does not cover: evaluations from
+    iteration it on (the resumed run evaluates it again), progress lines after it."""
     path = os.path.join(out_dir, "metrics.jsonl")
-    rows = [line for line in open(path) if json.loads(line)["iter"] < it] if os.path.exists(path) else []
+    rows = [line for line in open(path) if json.loads(line)["iter"] < it + ("val_loss" not in json.loads(line))
+            ] if os.path.exists(path) else []
     with open(path, "w") as f:
         f.writelines(rows)
 
@@ -286,19 +289,21 @@ if progress == "auto":
 bar = tqdm(total=max_iters, initial=iter_num, desc=residual, disable=not (master and progress == "bar"),
            dynamic_ncols=True)
 tokens_since_eval, train_time_since_eval = 0, 0.0
-unread_losses = []  # (iteration, loss on the device) the host has not looked at yet
-last_loss = float("nan")
+unread_losses = []  # (iteration, loss, gradient norm on the device) the host has not looked at yet
+last_loss, last_grad_norm, max_grad_norm = float("nan"), float("nan"), 0.0  # max: since the last progress line
 reported = (time.time(), iter_num)  # the last report: training time is measured from it, evaluations excluded
 
 
 def read_losses():
-    """The losses since the last read, in one host-device sync. A non-finite one ends
-    the run before anything is saved: the last checkpoint stays the last good one."""
-    global last_loss
+    """The losses and gradient norms since the last read, in one host-device sync. A
+    non-finite loss ends the run before anything is saved: the last checkpoint stays
+    the last good one."""
+    global last_loss, last_grad_norm, max_grad_norm
     if not unread_losses:
         return
-    values = torch.stack([loss for _, loss in unread_losses]).tolist()
-    for (it, _), value in zip(unread_losses, values):
+    values = torch.stack([torch.stack([loss, norm.float()]) for _, loss, norm in unread_losses]).tolist()
+    for (it, _, _), (value, norm) in zip(unread_losses, values):
+        max_grad_norm = max(max_grad_norm, norm)
         if not math.isfinite(value):
             last = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was saved yet"
             bar.close()
@@ -306,13 +311,13 @@ def read_losses():
                   f"Try a lower --learning_rate or --dtype=float32", file=sys.stderr)
             sys.exit(1)
     unread_losses.clear()
-    last_loss = values[-1]
+    last_loss, last_grad_norm = values[-1]
 
 
 def report():
     """Read the losses, time the iterations since the last report (the read waited
     for the device, so the clock covers their work), show the progress."""
-    global reported, tokens_since_eval, train_time_since_eval
+    global reported, tokens_since_eval, train_time_since_eval, max_grad_norm
     read_losses()
     now = time.time()
     dt, iters = now - reported[0], iter_num - reported[1]
@@ -321,9 +326,12 @@ def report():
     train_time_since_eval += dt
     if iter_num % log_interval == 0:
         tok_s = iters * tokens_per_iter / dt
+        if master:
+            log_metrics(dict(iter=iter_num, loss=last_loss, grad_norm=last_grad_norm, grad_norm_max=max_grad_norm, lr=lr))
         if progress == "lines" and master:
-            print(f"iter {iter_num}: loss {last_loss:.4f}, time {1e3 * dt / iters:.1f} ms, {tok_s:,.0f} tokens/s, "
-                  f"lr {lr:.1e}", flush=True)
+            print(f"iter {iter_num}: loss {last_loss:.4f}, grad norm {last_grad_norm:.3f}, time {1e3 * dt / iters:.1f} ms, "
+                  f"{tok_s:,.0f} tokens/s, lr {lr:.1e}", flush=True)
+        max_grad_norm = 0.0
         bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.1e}")
 
 
@@ -365,7 +373,11 @@ while True:
             _, loss = model(X, Y)
             loss = loss / gradient_accumulation_steps
         scaler.scale(loss).backward()
-    unread_losses.append((iter_num, loss.detach() * gradient_accumulation_steps))
+    scaler.unscale_(optimizer)  # (a no-op without float16's GradScaler)
+    # The global gradient norm before clipping, kept on the device like the loss.
+    grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip) if grad_clip != 0.0
+                 else torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
+    unread_losses.append((iter_num, loss.detach() * gradient_accumulation_steps, grad_norm.detach()))
     if device_type == "cuda":
         # No host-device sync here: the fused AdamW (model.configure_optimizers on CUDA)
         # skips its whole update (weights, moments, step count) on the device where
@@ -374,9 +386,6 @@ while True:
         optimizer.found_inf = (~torch.isfinite(unread_losses[-1][1])).float()
     else:
         read_losses()  # stop before the update; nothing runs asynchronously here, so reading costs nothing
-    if grad_clip != 0.0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)

@@ -37,7 +37,10 @@ class GPTConfig:
     alpha_init: float = 0.01  # initial a_* (mHC) and s (HC) coefficient scales
     sinkhorn_iters: int = 20  # mhc
     gate_c_max: float = 2.0  # norm_gated_ihc: cap of the norm correction c(g)
-    gate_anchor: bool = False  # gated topologies: keep stream 0's gate at 1
+    gate_anchor: bool = False  # gated_ihc, norm_gated_ihc: keep stream 0's gate at 1
+    gate: str = "clip"  # gated topologies: how logits become gates, a key of residuals.GATES
+    gate_init: float = 1.0  # gated topologies: every gate's value at step 0, in (0, 1]
+    gate_deviations: bool = False  # gated_ihc, norm_gated_ihc: gate only the deviations from the stream mean
     kernels: str = "fused"  # implementation of the stream ops: reference, fused or triton (see stream_ops)
 
 
@@ -53,6 +56,27 @@ def check_config(config):
         raise ValueError(f"n_embd ({config.n_embd}) must be a multiple of n_head ({config.n_head})")
     if config.kernels not in KERNELS:
         raise ValueError(f"unknown kernels '{config.kernels}'; choose one of: {', '.join(KERNELS)}")
+    check_gate_config(config)
+
+
+def check_gate_config(config):
+    """The gate settings: each one only where it means something, never ignored."""
+    if config.gate not in residuals.GATES:
+        raise ValueError(f"unknown gate '{config.gate}'; choose one of: {', '.join(residuals.GATES)}")
+    if not 0 < config.gate_init <= 1:
+        raise ValueError(f"gate_init must be in (0, 1], got {config.gate_init}")
+    if config.gate == "binary" and config.gate_init != 1:
+        raise ValueError(f"the binary gate is 0 or 1: gate_init must be 1, got {config.gate_init}")
+    topology = TOPOLOGIES[config.residual]
+    changed = [key for key, default in (("gate", "clip"), ("gate_init", 1.0), ("gate_anchor", False),
+                                        ("gate_deviations", False)) if getattr(config, key) != default]
+    if changed and not issubclass(topology, residuals.GatedIHC):
+        raise ValueError(f"{', '.join(changed)}: gate settings apply to gated_ihc, norm_gated_ihc and "
+                         f"mean_gated_ihc only, not to '{config.residual}'")
+    mean_only = [key for key in ("gate_anchor", "gate_deviations") if key in changed]
+    if mean_only and issubclass(topology, residuals.MeanGatedIHC):
+        raise ValueError(f"{', '.join(mean_only)}: mean_gated_ihc has one gate for all streams and gates only "
+                         f"the deviations already; use gated_ihc or norm_gated_ihc")
 
 
 KERNELS = ("reference", "fused", "triton")
@@ -192,8 +216,8 @@ class GPT(nn.Module):
         P's effective rank, exp(entropy of its normalized singular values), n for
         an invertible P with equal singular values, 1 after a collapse to rank 1.
         Gated topologies also report, per sublayer, the mean gate, the fraction of
-        gates below 0.01 (resets) and the fraction of gate logits outside [0, 1]
-        (held by the clip: their updates do not change the forward pass).
+        gates below 0.01 (resets) and the fraction of gate logits the gate's clip
+        holds (GatedIHC.gate_held: their updates do not change the forward pass).
         """
         h = self.embed(idx)
         n = h.size(2)
@@ -210,7 +234,7 @@ class GPT(nn.Module):
                     g = topology.gate(logits)  # (B,T,n), or (B,T,1) for mean_gated_ihc
                     gate_mean.append(g.mean().item())
                     gate_resets.append((g < 0.01).float().mean().item())
-                    gate_clipped.append(((logits < 0) | (logits > 1)).float().mean().item())
+                    gate_clipped.append(topology.gate_held(logits).float().mean().item())
                 h = topology(h, sublayer)
         singular = torch.linalg.svdvals(product)  # (B,T,n)
         total = singular.sum(-1, keepdim=True)

@@ -115,6 +115,8 @@ class HyperConnection(nn.Module):
         pre_i    = pre_static_i  + s_pre  tanh(hn_i @ W_pre)
         post_i   = post_static_i + s_post tanh(hn_i @ W_post)
         A_r[i,:] = A_static[i,:] + s_res  tanh(hn_i @ W_res)          (n,)
+    and the state is mixed by A_r transposed, out_j = sum_i A_r[i,j] h_i (the
+    paper's A_r^T H): row i, made from stream i, says where stream i's content goes.
     Init (Eq. 14): W = 0, s = alpha_init, post = 1, pre = e_{k mod n}, A_r = I.
     Nothing bounds A_r: the composite gain of many layers can grow (see tests).
     """
@@ -142,14 +144,14 @@ class HyperConnection(nn.Module):
         return pre.squeeze(-1), post.squeeze(-1), mix
 
     def forward(self, h, sublayer):
-        pre, post, mix = self.coefficients(h)
+        pre, post, A_r = self.coefficients(h)
         x = self.ops.stream_read(h, pre)  # read
         y = sublayer(x)  # compute
-        return self.ops.stream_write(h, mix, post, y)  # mix and write
+        return self.ops.stream_write(h, A_r.transpose(-1, -2), post, y)  # mix (A_r^T h) and write
 
     def mix_matrix(self, h):
-        """The (B,T,n,n) matrix MIX applies to h (for diagnostics)."""
-        return self.coefficients(h)[2]
+        """The (B,T,n,n) matrix MIX applies to h (for diagnostics): A_r^T."""
+        return self.coefficients(h)[2].transpose(-1, -2)
 
 
 def dynamic_coefficients(h, W, alpha, groups, bias, eps=1e-6):
@@ -286,45 +288,88 @@ class IdentityHC(DynamicStreams):
         return None
 
 
-def gate_clip(u):
-    """A gate that can be exactly 0 (a reset) and exactly 1 (keep), as seed 000
-    s.13 asks: clip to [0, 1] forward, pass the gradient through unchanged
-    (straight-through), so a gate pushed past a bound can still come back; a
-    sigmoid would never reach 0."""
-    return u + (u.clamp(0.0, 1.0) - u).detach()
+# -----------------------------------------------------------------------------
+# Gates (seed 000 s.13). A gated topology turns its MIX logits u into gates
+# g = clip(f(u), 0, 1): the clip lets a gate be exactly 0 (a reset: the stream
+# forgets) and exactly 1 (keep), which a plain sigmoid never reaches. The four
+# options, --gate=..., differ in f and in the gradient they pass back to u.
+
+
+def stretch(u):
+    """1.2 sigmoid(u) - 0.1: a sigmoid stretched to (-0.1, 1.1), so the clip after
+    it reaches 0 and 1 at finite u (hard concrete's gamma = -0.1, zeta = 1.1)."""
+    return 1.2 * torch.sigmoid(u) - 0.1
+
+
+class ClipGate:
+    """clip: g = clip(u, 0, 1) forward; backward as if g = u (straight-through), so a
+    logit pushed past a bound still gets its gradient and can come back."""
+
+    @staticmethod
+    def value(u, training):
+        return u + (u.clamp(0.0, 1.0) - u).detach()
+
+    @staticmethod
+    def unclipped(u):
+        """f(u), the gate before its clip: outside [0, 1] the forward pass is held."""
+        return u
+
+    @staticmethod
+    def logit(g):
+        """The u whose gate is g (at evaluation): the init bias."""
+        return g
+
+
+class StretchedSigmoidGate:
+    """stretched_sigmoid: g = clip(stretch(u), 0, 1) with its true gradient, which is
+    zero where the clip holds: a gate pushed to exactly 0 or 1 stays there."""
+
+    @staticmethod
+    def value(u, training):
+        return stretch(u).clamp(0.0, 1.0)
+
+    unclipped = staticmethod(stretch)
+
+    @staticmethod
+    def logit(g):
+        return torch.logit((g + 0.1) / 1.2)  # g = 1: u = log 11, on the clip's edge
+
+
+class BinaryGate(ClipGate):
+    """binary: g = 1 if u > 1/2 else 0 forward, backward straight-through (as if
+    g = u): every gate is a hard keep-or-reset decision."""
+
+    @staticmethod
+    def value(u, training):
+        return u + ((u > 0.5).to(u.dtype) - u).detach()
+
+
+class HardConcreteGate(StretchedSigmoidGate):
+    """hard_concrete (Louizos et al. 2018, the l0 gate): in training a noisy gate,
+    g = clip(stretch((u + logit(U)) / beta), 0, 1), U ~ Uniform(0, 1), beta = 2/3, whose
+    samples land at exact 0 and 1 with probabilities set by u; at evaluation the
+    deterministic clip(stretch(u), 0, 1). No l0 penalty: exactness, not sparsity,
+    is the point here. g = 1 at evaluation at step 0; training samples are < 1 about
+    a third of the time there."""
+
+    @staticmethod
+    def value(u, training):
+        if not training:
+            return StretchedSigmoidGate.value(u, training)
+        noise = torch.rand_like(u).clamp(1e-6, 1 - 1e-6)  # U, kept off 0 and 1 where logit is infinite
+        return stretch((u + torch.logit(noise)) / (2 / 3)).clamp(0.0, 1.0)
+
+
+GATES = {"clip": ClipGate, "stretched_sigmoid": StretchedSigmoidGate, "binary": BinaryGate,
+         "hard_concrete": HardConcreteGate}
 
 
 class GatedIHC(DynamicStreams):
-    """gated_ihc: MIX = diag(g), g = clip(res) in [0, 1]^n: a forget gate per stream
-    (seed 000 s.6). g = 1 at step 0. gate_anchor keeps stream 0 always on."""
-
-    def mix_bias(self, n):
-        return torch.ones(n)
-
-    def gate(self, res):
-        g = gate_clip(res)  # (B,T,n)
-        if self.config.gate_anchor:
-            g = torch.cat([torch.ones_like(g[..., :1]), g[..., 1:]], -1)
-        return g
-
-    def mix(self, res):
-        return self.gate(res)
-
-
-class NormGatedIHC(GatedIHC):
-    """norm_gated_ihc: MIX = c(g) diag(g), c(g) = min(c_max, sqrt(n) / (|g| + eps)).
-    c keeps the gate's RMS gain at 1 when streams reset, so the surviving ones do
-    not fade layer after layer (seed 000 s.9). g = 1 gives c = 1 at step 0."""
-
-    def mix(self, res):
-        g = self.gate(res)
-        c = (math.sqrt(self.n) / (g.norm(dim=-1, keepdim=True) + 1e-6)).clamp(max=self.config.gate_c_max)
-        return c * g
-
-
-class MeanGatedIHC(GatedIHC):
-    """mean_gated_ihc: MIX = J + g (I - J), J = ones/n, one scalar g per token.
-    Keeps the stream mean, scales every zero-sum direction by g (seed 000 s.8)."""
+    """gated_ihc: MIX = diag(g), g in [0, 1]^n from the MIX logits by --gate: a forget
+    gate per stream (seed 000 s.6). g = gate_init (1 by default) at step 0.
+    gate_anchor keeps stream 0 always on. gate_deviations gates only the streams'
+    deviations from their mean: MIX = J + (I - J) diag(g) (I - J), J = ones/n, which
+    keeps the mean, the common mode the LM head reads."""
 
     def __init__(self, config, sublayer_index, ops):
         super().__init__(config, sublayer_index, ops)
@@ -334,10 +379,51 @@ class MeanGatedIHC(GatedIHC):
         self.register_buffer("I_minus_J", torch.eye(n) - J, persistent=False)
 
     def mix_bias(self, n):
-        return torch.ones(1)
+        return GATES[self.config.gate].logit(torch.full((n,), self.config.gate_init))
 
     def gate(self, res):
-        return gate_clip(res)  # (B,T,1)
+        g = GATES[self.config.gate].value(res, self.training)  # (B,T,n)
+        if self.config.gate_anchor:
+            g = torch.cat([torch.ones_like(g[..., :1]), g[..., 1:]], -1)
+        return g
+
+    def gate_held(self, res):
+        """Where the gate's clip holds its logit: there an update changes nothing."""
+        u = GATES[self.config.gate].unclipped(res)
+        return (u < 0) | (u > 1)
+
+    def mix(self, res):
+        return self.diagonal_mix(self.gate(res))
+
+    def diagonal_mix(self, d):
+        """diag(d) as stream_write's (B,T,n) diagonal form, or with gate_deviations
+        the full J + (I - J) diag(d) (I - J) (B,T,n,n)."""
+        if not self.config.gate_deviations:
+            return d
+        return self.J + (self.I_minus_J * d.unsqueeze(-2)) @ self.I_minus_J  # (I - J) diag(d): columns scaled
+
+
+class NormGatedIHC(GatedIHC):
+    """norm_gated_ihc: MIX = c(g) diag(g), c(g) = min(c_max, sqrt(n) / (|g| + eps)).
+    c keeps the gate's RMS gain at 1 when streams reset, so the surviving ones do
+    not fade layer after layer (seed 000 s.9). Equal gates (g = 1 at step 0, or any
+    gate_init) give c g = 1: step 0 is the residual network."""
+
+    def mix(self, res):
+        g = self.gate(res)
+        c = (math.sqrt(self.n) / (g.norm(dim=-1, keepdim=True) + 1e-6)).clamp(max=self.config.gate_c_max)
+        return self.diagonal_mix(c * g)
+
+
+class MeanGatedIHC(GatedIHC):
+    """mean_gated_ihc: MIX = J + g (I - J), one scalar g per token.
+    Keeps the stream mean, scales every zero-sum direction by g (seed 000 s.8)."""
+
+    def mix_bias(self, n):
+        return GATES[self.config.gate].logit(torch.full((1,), self.config.gate_init))
+
+    def gate(self, res):
+        return GATES[self.config.gate].value(res, self.training)  # (B,T,1)
 
     def mix(self, res):
         return torch.addcmul(self.J, self.gate(res).unsqueeze(-1), self.I_minus_J)  # (B,T,1,1) -> (B,T,n,n)

@@ -222,19 +222,83 @@ def test_coefficients_follow_the_papers_equations(name):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} {what}: {m}")
 
 
+def test_hc_sends_stream_i_where_row_i_of_A_r_says():
+    """HC (arXiv 2409.19606, Eq. 3) writes A_r^T H: row i of A_r, computed from
+    stream i, distributes stream i's content, out_j = sum_i A_r[i, j] h_i."""
+    n, width = 3, 8
+    topology = TOPOLOGIES["hc"](GPTConfig(n_embd=width, n_head=2, residual="hc", n_streams=n), 0, residuals).double()
+    A = torch.tensor([[1.0, 0.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)  # stream 1 into 0
+    with torch.no_grad():
+        topology.mix_static.copy_(A)  # W = 0: A_r is its static part
+    h = torch.randn(2, 5, n, width, dtype=torch.float64)
+    out = topology(h, lambda x: torch.zeros_like(x))  # y = 0: only the mix
+    torch.testing.assert_close(out[:, :, 0], h[:, :, 0] + 2 * h[:, :, 1])
+    torch.testing.assert_close(out[:, :, 1:], h[:, :, 1:])
+
+
 def gated(name, n=4, **config):
     """A gated topology on its own, float64, to feed gate logits to its mix() directly."""
     return TOPOLOGIES[name](GPTConfig(n_embd=8, n_head=2, residual=name, n_streams=n, **config), 0, residuals).double()
 
 
-def test_gate_clip_reaches_exact_0_and_1_and_passes_the_gradient():
+def gate_and_gradient(gate, u, training=False):
+    """(g, dg/du) elementwise, float64."""
+    u = torch.tensor(u, dtype=torch.float64, requires_grad=True)
+    g = residuals.GATES[gate].value(u, training)
+    g.sum().backward()
+    return g.tolist(), u.grad.tolist()
+
+
+def test_straight_through_gates_reach_exact_0_and_1_and_pass_the_gradient():
     """Seed 000 s.13: a gate that can be exactly 0 (a reset) and exactly 1, whose
-    logit still learns where the clip holds it (straight-through: gradient 1)."""
-    u = torch.tensor([-0.5, 0.0, 0.3, 1.0, 1.7], dtype=torch.float64, requires_grad=True)
-    g = residuals.gate_clip(u)
-    assert g.tolist() == [0.0, 0.0, 0.3, 1.0, 1.0]
-    g.backward(torch.arange(1.0, 6.0, dtype=torch.float64))
-    assert u.grad.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    logit still learns where the forward pass is held (straight-through: gradient 1)."""
+    u = [-0.5, 0.0, 0.3, 0.6, 1.0, 1.7]
+    assert gate_and_gradient("clip", u) == ([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], [1.0] * 6)
+    assert gate_and_gradient("binary", u) == ([0.0, 0.0, 0.0, 1.0, 1.0, 1.0], [1.0] * 6)
+
+
+@pytest.mark.parametrize("gate", ["stretched_sigmoid", "hard_concrete"])
+def test_stretched_sigmoid_reaches_exact_0_and_1_with_its_true_gradient(gate):
+    """clip(1.2 sigmoid(u) - 0.1, 0, 1) is exactly 0 from u = -log 11 down (sigmoid
+    = 1/12) and exactly 1 from u = log 11 up (sigmoid = 11/12); in between its
+    gradient is 1.2 sigmoid'(u), outside it is 0 (hard_concrete at evaluation too)."""
+    edge = math.log(11)
+    g, grad = gate_and_gradient(gate, [-5.0, -edge - 1e-9, 0.0, 1.0, edge + 1e-9, 5.0])
+    assert g[0] == g[1] == 0.0 and g[4] == g[5] == 1.0 and abs(g[2] - 0.5) < 1e-15
+    s = 1 / (1 + math.exp(-1.0))
+    assert abs(g[3] - (1.2 * s - 0.1)) < 1e-15 and abs(grad[3] - 1.2 * s * (1 - s)) < 1e-15
+    assert grad[0] == grad[1] == grad[4] == grad[5] == 0.0 and abs(grad[2] - 0.3) < 1e-15
+
+
+@pytest.mark.parametrize("gate", list(residuals.GATES))
+def test_gate_logit_is_the_init_bias_that_gives_the_gate(gate):
+    values = [1.0] if gate == "binary" else [0.05, 0.5, 0.9, 1.0]
+    u = residuals.GATES[gate].logit(torch.tensor(values, dtype=torch.float64))
+    got = residuals.GATES[gate].value(u, training=False)
+    assert torch.allclose(got, torch.tensor(values, dtype=torch.float64), rtol=0, atol=1e-12), (gate, got)
+
+
+@pytest.mark.parametrize("u", [0.0, 1.0, -1.5])
+def test_hard_concrete_samples_are_exactly_0_or_1_as_often_as_the_paper_says(u):
+    """Louizos et al. 2018, Eq. 12 with gamma = -0.1, zeta = 1.1, beta = 2/3:
+    P(g = 0) = sigmoid(beta log(-gamma / zeta) - u) and, by the same argument at the
+    other end, P(g = 1) = 1 - sigmoid(beta log((1 - gamma) / (zeta - 1)) - u), with
+    (1 - gamma) / (zeta - 1) = 11. Deterministic at evaluation; noisy in training,
+    with a gradient through the sample."""
+    torch.manual_seed(0)
+    logits = torch.full((400_000,), u, dtype=torch.float64)
+    g = residuals.GATES["hard_concrete"].value(logits, training=True)
+    beta = 2 / 3
+    p_zero = 1 / (1 + math.exp(-(beta * math.log(0.1 / 1.1) - u)))
+    p_one = 1 - 1 / (1 + math.exp(-(beta * math.log(11) - u)))
+    assert abs((g == 0).double().mean().item() - p_zero) < 0.004
+    assert abs((g == 1).double().mean().item() - p_one) < 0.004
+    assert ((g > 0) & (g < 1)).any()
+    for trial in range(2):
+        torch.manual_seed(trial)  # the same noise for both evaluations of gradcheck's finite differences
+        assert torch.autograd.gradcheck(lambda v: (torch.manual_seed(trial), residuals.GATES["hard_concrete"].value(
+            v, training=True))[1], torch.full((64,), u, dtype=torch.float64, requires_grad=True))
+    assert residuals.GATES["hard_concrete"].value(logits[:3], training=False).unique().numel() == 1
 
 
 @pytest.mark.parametrize("open_gates", [4, 3, 2, 1])
@@ -265,6 +329,25 @@ def test_gate_anchor_keeps_stream_0_open(name):
     logits = torch.tensor([-3.0, 0.25, 0.0, 2.0], dtype=torch.float64).view(1, 1, 4)
     assert gated(name, gate_anchor=True).gate(logits).view(-1).tolist() == [1.0, 0.25, 0.0, 1.0]
     assert gated(name, gate_anchor=False).gate(logits).view(-1).tolist() == [0.0, 0.25, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("name", ["gated_ihc", "norm_gated_ihc"])
+def test_gating_only_the_deviations_keeps_the_mean(name):
+    """gate_deviations: MIX = J + (I - J) diag(d) (I - J). For any gates the streams'
+    mean is kept and a common-mode state (every stream equal) is left unchanged;
+    equal gates g scale the deviations by g (c g = 1 for norm_gated_ihc)."""
+    n = 4
+    topology = gated(name, n, gate_deviations=True, gate_c_max=10.0)
+    h = torch.randn(2, 3, n, 5, dtype=torch.float64)
+    zeros = torch.zeros(2, 3, n, dtype=torch.float64), torch.zeros(2, 3, 5, dtype=torch.float64)
+    logits = torch.rand(2, 3, n, dtype=torch.float64) * 1.4 - 0.2  # some gates at 0 or 1 exactly
+    out = residuals.stream_write(h, topology.mix(logits), *zeros)
+    mean = h.mean(2, keepdim=True)
+    torch.testing.assert_close(out.mean(2, keepdim=True), mean)
+    common = mean.expand_as(h)
+    torch.testing.assert_close(residuals.stream_write(common, topology.mix(logits), *zeros), common)
+    equal = residuals.stream_write(h, topology.mix(torch.full((2, 3, n), 0.3, dtype=torch.float64)), *zeros)
+    torch.testing.assert_close(equal - mean, (1.0 if name == "norm_gated_ihc" else 0.3) * (h - mean), rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize("g", [0.0, 0.3, 1.0])
@@ -325,6 +408,24 @@ def test_init_equals_residual_network(name):
         logits, _ = model(idx, idx)
     err = (logits - expected).abs().max().item()
     assert err < 1e-5, f"{name} at step 0 differs from the residual network by {err}"
+
+
+GATE_SETTINGS = [(name, dict(gate=gate)) for name in GATED for gate in residuals.GATES] + [
+    (name, dict(gate_init=0.9)) for name in ("norm_gated_ihc", "mean_gated_ihc")] + [
+    (name, dict(gate_deviations=True, gate_init=init)) for name in ("gated_ihc", "norm_gated_ihc") for init in (1.0, 0.5)]
+
+
+@pytest.mark.parametrize("name, settings", GATE_SETTINGS)
+def test_every_gate_option_starts_as_the_residual_network(name, settings):
+    """MIX = I at step 0 (on the equal step-0 streams) for every gate option; in
+    evaluation mode, where hard_concrete's gate is deterministic."""
+    torch.manual_seed(0)
+    reference = GPT(tiny_config("residual")).eval()
+    model = with_weights_of(reference, tiny_config(name, n_streams=4, **settings)).eval()
+    idx = torch.randint(0, 65, (3, 16))
+    with torch.no_grad():
+        err = (model(idx, idx)[0] - reference(idx, idx)[0]).abs().max().item()
+    assert err < 1e-5, f"{name} {settings} at step 0 differs from the residual network by {err}"
 
 
 @pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
@@ -619,6 +720,11 @@ def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stde
     (["--max_iters=five"], "--max_iters=five: expected a value of type int"),
     (["--residual=mhc_lite", "--n_streams=6"], "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
     (["--residual=residual", "--n_streams=4"], "residual 'residual' needs n_streams exactly 1, got 4"),
+    (["--residual=gated_ihc", "--gate=sigmoid"], "unknown gate 'sigmoid'; choose one of: " + ", ".join(residuals.GATES)),
+    (["--residual=norm_gated_ihc", "--gate_init=0"], "gate_init must be in (0, 1], got 0"),
+    (["--residual=norm_gated_ihc", "--gate=binary", "--gate_init=0.5"], "the binary gate is 0 or 1: gate_init must be 1"),
+    (["--residual=ihc", "--gate=binary"], "gate: gate settings apply to gated_ihc, norm_gated_ihc and mean_gated_ihc only"),
+    (["--residual=mean_gated_ihc", "--gate_deviations=True"], "gate_deviations: mean_gated_ihc has one gate"),
 ])
 def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
     result = run("train.py", *args, f"--out_dir={tmp_path}", check=False)

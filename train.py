@@ -53,8 +53,11 @@ residual = "residual"  # the topology: one of residuals.TOPOLOGIES
 n_streams = 0  # 0: the topology's default (1 for residual, 4 for the others)
 alpha_init = 0.01  # initial coefficient scales a_* (mHC) and s (HC)
 sinkhorn_iters = 20
-gate_c_max = 2.0
-gate_anchor = False
+gate = "clip"  # gated topologies: clip, stretched_sigmoid, binary or hard_concrete (residuals.GATES)
+gate_init = 1.0  # gated topologies: the gates' value at step 0, in (0, 1]
+gate_c_max = 2.0  # norm_gated_ihc: cap of the norm correction c(g)
+gate_anchor = False  # gated_ihc, norm_gated_ihc: stream 0's gate always 1
+gate_deviations = False  # gated_ihc, norm_gated_ihc: gate only the deviations from the streams' mean
 kernels = "auto"  # the stream ops (model.stream_ops): auto (triton on CUDA, fused elsewhere), reference, fused, triton
 # AdamW and the learning-rate schedule (warmup, then cosine to min_lr)
 learning_rate = 1e-3
@@ -120,7 +123,8 @@ with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                   vocab_size=vocab_size, dropout=dropout, residual=residual, n_streams=n_streams,
                   alpha_init=alpha_init, sinkhorn_iters=sinkhorn_iters, gate_c_max=gate_c_max,
-                  gate_anchor=gate_anchor, kernels=kernels)
+                  gate_anchor=gate_anchor, gate=gate, gate_init=gate_init, gate_deviations=gate_deviations,
+                  kernels=kernels)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 checkpoint = None
 if init_from == "resume":

@@ -167,7 +167,7 @@ def counterexample_target(x):
     return x1 + x2 + phi(phi(x1 - x2))
 
 
-def fit_pure_ihc(width=4, starts=8, steps=600, lr=0.1, lim=2.0, points=512, seed=0):
+def fit_pure_ihc(width=4, starts=8, steps=600, lr=0.1, lim=2.0, points=512, seed=0, reset=False):
     """Fit section 4's pure iHC of the same shape to the counterexample; return the best MSE.
 
     Y_1 = x + u G_1(a^T x), Y_2 = Y_1 + v G_2(b^T Y_1), o = h^T Y_2, with
@@ -175,6 +175,9 @@ def fit_pure_ihc(width=4, starts=8, steps=600, lr=0.1, lim=2.0, points=512, seed
     several random starts on x uniform in [-lim, lim]^2. The seed proves that
     no parameters reach error 0 on all of R^2 (the unerased Q leaves a Q^3
     tail); on a bounded box this only illustrates how far a fit stays.
+    reset=True is the control: the same fit with a learned 2 x 2 mixer M in the
+    first carry, Y_1 = M x + u G_1(a^T x) (M starts at I), which can reach M = J,
+    the counterexample's reset, so its error can go to 0.
     """
     gen = torch.Generator().manual_seed(seed)
     x = (2 * torch.rand(points, 2, generator=gen, dtype=DT) - 1) * lim
@@ -187,11 +190,14 @@ def fit_pure_ihc(width=4, starts=8, steps=600, lr=0.1, lim=2.0, points=512, seed
               for s in shapes]
     a, u, b, v, h = params[:5]
     G1, G2 = swiglu(*params[5:8]), swiglu(*params[8:11])
+    if reset:
+        M = torch.eye(2, dtype=DT).repeat(starts, 1, 1).requires_grad_()
+        params.append(M)
 
     def mse():
         # The net with points as rows (x is (points, 2)), so each product is
         # one large matmul per start instead of many 2 x 2 ones.
-        Y1 = x + G1(x @ a.mT) @ u.mT
+        Y1 = (x @ M.mT if reset else x) + G1(x @ a.mT) @ u.mT
         Y2 = Y1 + G2(Y1 @ b.mT) @ v.mT
         return ((Y2 @ h.mT)[..., 0] - y).square().mean(dim=1)  # one per start
 

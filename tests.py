@@ -528,13 +528,16 @@ def test_mean_direction_gain_and_effective_rank_see_decay_and_collapse():
         assert abs(report["effective_rank"] - rank) < 1e-4, report
 
 
-def test_gate_logits_outside_the_clip_are_counted():
+@pytest.mark.parametrize("gate, logits", [("clip", [1.5, -0.2, 1.0, 0.0]), ("stretched_sigmoid", [3.0, -3.0, 2.0, 0.0])])
+def test_gate_logits_outside_the_clip_are_counted(gate, logits):
+    """Held: the gate before its clip is outside [0, 1] (clip: u itself; stretched
+    sigmoid: 1.2 sigmoid(u) - 0.1, inside for |u| < log 11 = 2.4)."""
     torch.manual_seed(0)
-    model = GPT(tiny_config("gated_ihc"))
+    model = GPT(tiny_config("gated_ihc", gate=gate))
     with torch.no_grad():  # W = 0 at init: the gate logits are their biases
-        model.transformer.h[0].attn_topology.bias[8:].copy_(torch.tensor([1.5, -0.2, 1.0, 0.0]))
+        model.transformer.h[0].attn_topology.bias[8:].copy_(torch.tensor(logits))
     report = model.diagnostics(torch.randint(0, 65, (2, 16)))
-    assert report["gate_logits_clipped"] == [0.5, 0.0, 0.0, 0.0], report
+    assert report["gate_logits_clipped"][0] == 0.5, report
 
 
 def test_hc_gain_grows_while_mhc_stays_near_one(tmp_path):

@@ -1282,6 +1282,36 @@ def test_compare_table_summarises_every_seed(tmp_path):
         assert (tmp_path / "results" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_compare_redraws_the_table_and_plots_byte_for_byte(tmp_path):
+    """--train=False rewrites results.md and every plot from the metrics copies, the same bytes."""
+    compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1")
+    results = tmp_path / "results"
+    drawn = {path.name: path.read_bytes() for path in results.iterdir() if path.suffix in (".md", ".png")}
+    assert set(drawn) == {"results.md", "val_loss.png", "gain.png", "grad_norm.png", "gates.png"}
+    for name in drawn:
+        (results / name).unlink()  # the redraw must write each file again, not find it
+    compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1", "--train=False")
+    redrawn = {path.name: path.read_bytes() for path in results.iterdir() if path.suffix in (".md", ".png")}
+    assert [name for name in drawn if redrawn.get(name) != drawn[name]] == []
+
+
+def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
+    """The gates preset's static variant is norm_gated_ihc with --alpha_init=0, run
+    and named as such; ihc among the variants adds a paired column against it."""
+    compare(tmp_path, "--preset=gates", "--variants=ihc,norm_gated_ihc.static", "--seeds=1")
+    out_dir = tmp_path / "runs" / "norm_gated_ihc.static-s1"
+    assert "--alpha_init=0" in json.loads((out_dir / "run.json").read_text())["arguments"]
+    config = torch.load(out_dir / "ckpt.pt", weights_only=True)["config"]
+    assert config["residual"] == "norm_gated_ihc" and config["alpha_init"] == 0
+    assert (tmp_path / "results" / "metrics" / "norm_gated_ihc.static-s1.jsonl").exists()
+    table = (tmp_path / "results" / "results.md").read_text()
+    ihc, static = (metrics(tmp_path / "runs" / f"{label}-s1")[-1]["val_loss"]
+                   for label in ("ihc", "norm_gated_ihc.static"))
+    assert "| final minus ihc's, same seed |" in table and "| final minus residual's" not in table
+    assert f"| `norm_gated_ihc.static` | {static:.4f} ± 0.0000 | " in table
+    assert f"| {static - ihc:+.4f} ± 0.0000 | " in table, table
+
+
 def test_compare_skips_finished_runs_and_a_rerun_reproduces_them(tmp_path):
     compare(tmp_path / "first", "--variants=mhc", "--seeds=5")
     log = tmp_path / "first" / "runs" / "mhc-s5" / "train.log"

@@ -1,14 +1,18 @@
 """
-The comparison: every topology trained side by side, several seeds each, then one
-results table and three plots from the runs' metrics.jsonl.
+The comparison: named variants of the residual stream trained side by side,
+several seeds each, then one results table and four plots from the runs'
+metrics.jsonl. A preset fixes train.py's arguments for every run, its variants
+(a label and the variant's own train.py arguments) and its seeds.
 
     python compare.py                  # CPU: 8 topologies x 3 seeds of train.py's CPU model (~1 hour on 2 cores)
     python compare.py --preset=gpu     # one GPU: nanoGPT's 6 x 384 shakespeare_char model, one run at a time
-    python compare.py --topologies=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
+    python compare.py --preset=gates   # CPU: 10 variants (gate options) x 3 seeds, CPU model (~N min on 2 cores)
+    python compare.py --preset=depth   # CPU: 7 topologies x 3 seeds, a deeper 12 x 64 model (~N min on 2 cores)
+    python compare.py --variants=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
 
-Each run is `python train.py --residual=R --seed=S --out_dir=<runs_dir>/R-sS`
-plus the preset's arguments and --train_args; its output goes to train.log beside
-its checkpoint. On the CPU preset the runs go `jobs` at a time, the cores split
+Each run is `python train.py <preset's arguments> <--train_args> <variant's arguments>
+--seed=S --out_dir=<runs_dir>/<label>-sS`; its output goes to train.log beside
+its checkpoint. On the CPU presets the runs go `jobs` at a time, the cores split
 between them: at this model size two one-thread runs on 2 cores get through ~1.6x
 the tokens of one run on both (ops this small do not split well over threads).
 Nothing is lost: a finished run is not trained again, an interrupted one (Ctrl-C,
@@ -16,9 +20,11 @@ a crash, a reboot) resumes from its last checkpoint when the command is rerun,
 and a run directory made with other settings is an error, never mixed in.
 
 Writes to results_dir: results.md (the table, the command, the machine),
-val_loss.png, gain.png, gates.png (gated topologies only), and metrics/R-sS.jsonl,
-a copy of every run's metrics: --train=False redraws everything from them.
+val_loss.png, gain.png, grad_norm.png, gates.png (gated variants only), and
+metrics/<label>-sS.jsonl, a copy of every run's metrics: --train=False redraws
+everything from them, byte for byte.
 """
+import itertools
 import json
 import os
 import platform
@@ -29,34 +35,70 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import matplotlib
 import torch
 from tqdm import tqdm
 
 from configurator import configure, fail
-from residuals import TOPOLOGIES, GatedIHC
+from residuals import TOPOLOGIES
 
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
-topologies = "all"  # comma-separated names from residuals.TOPOLOGIES, or all
-seeds = "1337,1338,1339"  # comma-separated integers: one run per topology and seed
-preset = "cpu"  # cpu: train.py's CPU defaults; gpu: config/train_shakespeare_char.py on cuda
+
+class Preset(NamedTuple):
+    args: list  # train.py's arguments for every run
+    variants: dict  # label -> the variant's own train.py arguments, in the table's order
+    seeds: str = "1337,1338,1339"
+
+
+def each(*names):
+    """One variant per topology, labelled with its name."""
+    return {name: [f"--residual={name}"] for name in names}
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NORM_GATED = ["--residual=norm_gated_ihc"]
+# Labels name run directories and files: letters, digits, _ and . only.
+PRESETS = dict(
+    cpu=Preset(["--device=cpu"], each(*TOPOLOGIES)),
+    gpu=Preset([os.path.join(HERE, "config", "train_shakespeare_char.py"), "--device=cuda"], each(*TOPOLOGIES)),
+    # norm_gated_ihc's gate options beside the topologies they sit between; train.py's CPU model
+    gates=Preset(["--device=cpu"], {
+        **each("residual", "ihc", "gated_ihc", "norm_gated_ihc"),  # gated_ihc: norm_gated_ihc with c_max=1
+        "norm_gated_ihc.stretched_sigmoid": NORM_GATED + ["--gate=stretched_sigmoid"],
+        "norm_gated_ihc.binary": NORM_GATED + ["--gate=binary"],
+        "norm_gated_ihc.hard_concrete": NORM_GATED + ["--gate=hard_concrete"],
+        "norm_gated_ihc.init0.9": NORM_GATED + ["--gate_init=0.9"],  # inside the clip, not on its boundary
+        "norm_gated_ihc.static": NORM_GATED + ["--alpha_init=0"],  # static coefficients: no dynamic part
+        "norm_gated_ihc.deviations": NORM_GATED + ["--gate_deviations=True"],
+    }),
+    # deeper and narrower than train.py's CPU model (4 x 128); max_iters to be tuned
+    depth=Preset(["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4", "--max_iters=1000"], {
+        **each("residual", "hc", "mhc", "mhc_lite", "ihc", "mean_gated_ihc", "norm_gated_ihc"),
+        # a gate option: one line as in gates, e.g. "norm_gated_ihc.binary": NORM_GATED + ["--gate=binary"],
+    }),
+)
+
+preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth
+variants = "all"  # comma-separated labels of the preset's variants, or all
+seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
 train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"
-jobs = 0  # runs at a time; 0: one per CPU core on the cpu preset, 1 on gpu
+jobs = 0  # runs at a time; 0: one per CPU core on the CPU presets, 1 on gpu
 runs_dir = ""  # "" means compare-<preset>
 results_dir = ""  # "" means results/<preset>
 train = True  # False: only redraw the table and plots from <results_dir>/metrics
-HERE = os.path.dirname(os.path.abspath(__file__))
-PRESETS = dict(cpu=["--device=cpu"], gpu=[os.path.join(HERE, "config", "train_shakespeare_char.py"), "--device=cuda"])
 configure(globals())
 
 if preset not in PRESETS:
     fail(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")
-names = list(TOPOLOGIES) if topologies == "all" else topologies.split(",")
-if any(name not in TOPOLOGIES for name in names) or len(set(names)) != len(names):
-    fail(f"--topologies={topologies}: each must be one of {', '.join(TOPOLOGIES)} (or all), once")
+PRESET = PRESETS[preset]
+labels = list(PRESET.variants) if variants == "all" else variants.split(",")
+if any(label not in PRESET.variants for label in labels) or len(set(labels)) != len(labels):
+    fail(f"--variants={variants}: each must be one of {', '.join(PRESET.variants)} (or all), once")
+seeds = seeds or PRESET.seeds
 try:
     seed_list = [int(s) for s in seeds.split(",")]
 except ValueError:
@@ -65,25 +107,26 @@ if len(set(seed_list)) != len(seed_list):
     fail(f"--seeds={seeds}: a seed is listed twice")
 if jobs < 0:
     fail(f"--jobs={jobs}: expected 0 (automatic) or a positive number of runs at a time")
-jobs = jobs or ((os.cpu_count() or 1) if preset == "cpu" else 1)
+on_cpu = "--device=cpu" in PRESET.args
+jobs = jobs or ((os.cpu_count() or 1) if on_cpu else 1)
 runs_dir = runs_dir or f"compare-{preset}"
 results_dir = results_dir or os.path.join("results", preset)
 metrics_dir = os.path.join(results_dir, "metrics")
-runs = [(topology, seed) for seed in seed_list for topology in names]  # seed-major: a stopped run has whole seeds
+runs = [(label, seed) for seed in seed_list for label in labels]  # seed-major: a stopped run has whole seeds
 
 
-def run_name(topology, seed):
-    return f"{topology}-s{seed}"
+def run_name(label, seed):
+    return f"{label}-s{seed}"
 
 
-def run_dir(topology, seed):
-    return os.path.join(runs_dir, run_name(topology, seed))
+def run_dir(label, seed):
+    return os.path.join(runs_dir, run_name(label, seed))
 
 
-def train_arguments(topology, seed):
+def train_arguments(label, seed):
     """train.py's arguments for one run; run.json keeps them to recognise the run."""
-    return PRESETS[preset] + shlex.split(train_args) + [
-        f"--residual={topology}", f"--seed={seed}", f"--out_dir={run_dir(topology, seed)}", "--progress=False"]
+    return PRESET.args + shlex.split(train_args) + PRESET.variants[label] + [
+        f"--seed={seed}", f"--out_dir={run_dir(label, seed)}", "--progress=False"]
 
 
 def run_state(out_dir, arguments):
@@ -118,15 +161,15 @@ def train_all():
     """Train every run not finished yet, `jobs` at a time. Ctrl-C or SIGTERM:
     the running ones save a checkpoint and stop; the next call resumes them."""
     pending = []
-    for topology, seed in runs:
-        arguments, out_dir = train_arguments(topology, seed), run_dir(topology, seed)
+    for label, seed in runs:
+        arguments, out_dir = train_arguments(label, seed), run_dir(label, seed)
         state = run_state(out_dir, arguments)
         if state != "done":
             pending.append((out_dir, arguments, state == "resume"))
     print(f"{len(runs) - len(pending)} of {len(runs)} runs already finished in {runs_dir}; "
           f"training {len(pending)}, {jobs} at a time")
     env = dict(os.environ)
-    if preset == "cpu":  # split the cores between the runs
+    if on_cpu:  # split the cores between the runs
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
     running, stopped = {}, []  # out_dir -> (arguments, process); out_dirs that did not finish
 
@@ -165,90 +208,115 @@ def train_all():
               f"Rerun the same command to resume", file=sys.stderr)
         sys.exit(1)
     os.makedirs(metrics_dir, exist_ok=True)
-    for topology, seed in runs:
-        shutil.copyfile(os.path.join(run_dir(topology, seed), "metrics.jsonl"),
-                        os.path.join(metrics_dir, run_name(topology, seed) + ".jsonl"))
+    for label, seed in runs:
+        shutil.copyfile(os.path.join(run_dir(label, seed), "metrics.jsonl"),
+                        os.path.join(metrics_dir, run_name(label, seed) + ".jsonl"))
 
 
 # --- the report ----------------------------------------------------------------
+BASELINES = ("residual", "ihc")  # a paired column for each that is among the variants
+
+
 def load_metrics():
-    """{topology: [rows of seed 1, rows of seed 2, ...]} from <results_dir>/metrics."""
+    """{label: [rows of seed 1, rows of seed 2, ...]} from <results_dir>/metrics, twice:
+    the evaluations (val_loss) and the progress rows (grad_norm)."""
     paths = {run_name(*run): os.path.join(metrics_dir, run_name(*run) + ".jsonl") for run in runs}
     missing = [name for name, path in paths.items() if not os.path.exists(path)]
     if missing:
         fail(f"no metrics in {metrics_dir} for {', '.join(missing)}; train them first (--train=True)")
-    curves = {name: [] for name in names}
-    for topology, seed in runs:
-        with open(paths[run_name(topology, seed)]) as f:
-            curves[topology].append([row for row in map(json.loads, f) if "val_loss" in row])  # evaluations
-    return curves
+    curves, progress = ({label: [] for label in labels} for _ in range(2))
+    for label, seed in runs:
+        with open(paths[run_name(label, seed)]) as f:
+            rows = [json.loads(line) for line in f]
+        curves[label].append([row for row in rows if "val_loss" in row])
+        progress[label].append([row for row in rows if "grad_norm" in row])
+    return curves, progress
+
+
+def has(seed_rows, key):
+    """Whether every seed's rows have the key: older runs lack the newer metrics."""
+    return all(rows_ and key in rows_[-1] for rows_ in seed_rows)
 
 
 def mean_std(values):
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarize(curves):
-    """One row per topology: final and best val loss over seeds, the final val loss
-    minus the residual's at the same seed, training speed, the largest composite
-    gain seen during training.
+def summarize(curves, progress):
+    """One row per variant: final and best val loss over seeds, the final val loss
+    minus the residual's (and the ihc's) at the same seed, training speed, the
+    largest composite gain and gradient norm seen during training.
 
     A seed fixes the initialization, the order of the training batches and the
-    evaluation batches, the same for every topology: so seeds differ by more than
-    topologies may, and the paired difference to the residual at the same seed
-    separates the topology's effect from the seed's."""
+    evaluation batches, the same for every variant: so seeds differ by more than
+    variants may, and the paired difference to a baseline at the same seed
+    separates the variant's effect from the seed's."""
     rows = {}
-    for name, seed_rows in curves.items():
+    for label, seed_rows in curves.items():
+        finals = [rows_[-1]["val_loss"] for rows_ in seed_rows]
         speed = [statistics.mean(r["tokens_per_sec"] for r in rows_ if r["iter"] > 0) for rows_ in seed_rows]
-        rows[name] = dict(final=mean_std([rows_[-1]["val_loss"] for rows_ in seed_rows]),
-                          best=mean_std([min(r["val_loss"] for r in rows_) for rows_ in seed_rows]),
-                          tokens_per_sec=statistics.mean(speed),
-                          gain_forward=max(r["gain_forward"] for rows_ in seed_rows for r in rows_),
-                          gain_backward=max(r["gain_backward"] for rows_ in seed_rows for r in rows_),
-                          minutes=statistics.mean(rows_[-1]["elapsed_s"] for rows_ in seed_rows) / 60)
-        if "residual" in curves:
-            rows[name]["vs_residual"] = mean_std([rows_[-1]["val_loss"] - base[-1]["val_loss"]
-                                                  for rows_, base in zip(seed_rows, curves["residual"])])
+        rows[label] = dict(final=mean_std(finals),
+                           best=mean_std([min(r["val_loss"] for r in rows_) for rows_ in seed_rows]),
+                           tokens_per_sec=statistics.mean(speed),
+                           gain_forward=max(r["gain_forward"] for rows_ in seed_rows for r in rows_),
+                           gain_backward=max(r["gain_backward"] for rows_ in seed_rows for r in rows_),
+                           minutes=statistics.mean(rows_[-1]["elapsed_s"] for rows_ in seed_rows) / 60)
+        for base in BASELINES:
+            if base in curves:
+                rows[label][f"vs_{base}"] = mean_std([final - base_rows[-1]["val_loss"]
+                                                      for final, base_rows in zip(finals, curves[base])])
+        if has(progress[label], "grad_norm_max"):
+            rows[label]["grad_norm_max"] = statistics.mean(max(r["grad_norm_max"] for r in rows_)
+                                                           for rows_ in progress[label])
     return rows
 
 
 def table(rows):
     base = rows["residual"]["tokens_per_sec"] if "residual" in rows else None
-    columns = ["topology", "final val loss", "best val loss"] + (["final minus residual's, same seed"] if base else [])
-    columns += ["tokens/s vs residual" if base else "tokens/s", "max gain fwd / bwd", "min per run"]
+    paired = [name for name in BASELINES if name in rows]
+    grad = all("grad_norm_max" in row for row in rows.values())
+    columns = ["variant", "final val loss", "best val loss"] + [f"final minus {name}'s, same seed" for name in paired]
+    columns += ["tokens/s vs residual" if base else "tokens/s", "max gain fwd / bwd"]
+    columns += (["max grad norm"] if grad else []) + ["min per run"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for name, row in rows.items():
-        cells = [f"`{name}`", "{:.4f} ± {:.4f}".format(*row["final"]), "{:.4f} ± {:.4f}".format(*row["best"])]
-        if base:
-            cells += ["{:+.4f} ± {:.4f}".format(*row["vs_residual"]), f"{row['tokens_per_sec'] / base:.2f}x"]
-        else:
-            cells += [f"{row['tokens_per_sec']:,.0f}"]
-        cells += [f"{row['gain_forward']:.3f} / {row['gain_backward']:.3f}", f"{row['minutes']:.1f}"]
+    for label, row in rows.items():
+        cells = [f"`{label}`", "{:.4f} ± {:.4f}".format(*row["final"]), "{:.4f} ± {:.4f}".format(*row["best"])]
+        cells += ["{:+.4f} ± {:.4f}".format(*row[f"vs_{name}"]) for name in paired]
+        cells += [f"{row['tokens_per_sec'] / base:.2f}x" if base else f"{row['tokens_per_sec']:,.0f}"]
+        cells += [f"{row['gain_forward']:.3f} / {row['gain_backward']:.3f}"]
+        cells += ([f"{row['grad_norm_max']:.2f}"] if grad else []) + [f"{row['minutes']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def mean_curve(seed_rows, key):
-    """(iterations, mean, min, max) of one metric over seeds, at the evaluation points."""
-    iters = [r["iter"] for r in seed_rows[0]]
-    values = list(zip(*[[r[key] for r in rows_] for rows_ in seed_rows]))  # per iteration: one value per seed
+    """(iterations, mean, min, max) of one metric over seeds, at the iterations every seed has."""
+    by_iter = [{r["iter"]: r[key] for r in rows_} for rows_ in seed_rows]
+    iters = sorted(set.intersection(*map(set, by_iter)))
+    values = [[seed[i] for seed in by_iter] for i in iters]  # per iteration: one value per seed
     return iters, [statistics.mean(v) for v in values], [min(v) for v in values], [max(v) for v in values]
+
+
+def colors_of(curves):
+    """One colour per variant, the same in every plot: tab10's ten, tab20's beyond."""
+    palette = plt.cm.tab10.colors if len(curves) <= 10 else plt.cm.tab20.colors
+    return dict(zip(curves, itertools.cycle(palette)))
 
 
 def save(fig, path):
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Software": None})  # no matplotlib version: the same data, the same bytes
     plt.close(fig)
 
 
-def plot_val_loss(curves, path):
+def plot_val_loss(curves, colors, path):
     """Left the whole run, right the second half enlarged: the differences live there."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for color, (name, seed_rows) in zip(plt.cm.tab10.colors, curves.items()):
+    for label, seed_rows in curves.items():
         iters, mean, low, high = mean_curve(seed_rows, "val_loss")
         for ax, start in zip(axes, (0, len(iters) // 2)):
-            ax.plot(iters[start:], mean[start:], color=color, label=name)
-            ax.fill_between(iters[start:], low[start:], high[start:], color=color, alpha=0.2, linewidth=0)
+            ax.plot(iters[start:], mean[start:], color=colors[label], label=label)
+            ax.fill_between(iters[start:], low[start:], high[start:], color=colors[label], alpha=0.2, linewidth=0)
     axes[0].set_title("validation loss (line: mean over seeds, band: min to max)")
     axes[1].set_title("second half, enlarged")
     for ax in axes:
@@ -257,59 +325,90 @@ def plot_val_loss(curves, path):
     axes[0].set_ylabel("loss")
     axes[0].legend(fontsize=8)  # the left panel's upper right is empty
     save(fig, path)
+    return True
 
 
-def plot_gain(curves, path):
-    """Composite gain of the residual path (model.diagnostics), mean over seeds."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for color, (name, seed_rows) in zip(plt.cm.tab10.colors, curves.items()):
-        for ax, key in zip(axes, ("gain_forward", "gain_backward")):
-            iters, mean, _, _ = mean_curve(seed_rows, key)
-            ax.plot(iters, mean, color=color, label=name, marker=".")
-    for ax, title in zip(axes, ("forward gain: max row sum of the MIX product", "backward gain: max column sum")):
+def plot_lines(curves, colors, path, panels, marker=None):
+    """One panel per (key, title, y scale): each variant's mean over seeds against the
+    iteration. A variant without the key is left out of the panel; no plot at all,
+    and False, when no variant has any of the keys."""
+    if not any(has(seed_rows, key) for seed_rows in curves.values() for key, _, _ in panels):
+        return False
+    n_cols = min(2, len(panels))
+    n_rows = -(-len(panels) // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(6 * n_cols, 4.5 * n_rows), squeeze=False)
+    for ax, (key, title, scale) in zip(axes.flat, panels):
+        for label, seed_rows in curves.items():
+            if has(seed_rows, key):
+                iters, mean, _, _ = mean_curve(seed_rows, key)
+                ax.plot(iters, mean, color=colors[label], label=label, marker=marker)
         ax.set_title(title)
         ax.set_xlabel("iteration")
-        ax.set_yscale("log")
+        ax.set_yscale(scale)
         ax.grid(alpha=0.3, which="both")
-    axes[0].legend(fontsize=8)
+    axes.flat[0].legend(fontsize=8)
     save(fig, path)
+    return True
 
 
-def plot_gates(curves, path):
-    """Per sublayer at the end of training: the fraction of gates reset (below
-    0.01) and the mean gate, mean over seeds with the seeds' min to max."""
-    gated = {name: seed_rows for name, seed_rows in curves.items() if issubclass(TOPOLOGIES[name], GatedIHC)}
+def plot_gain(curves, colors, path):
+    """The residual path's composite MIX product P (model.diagnostics), mean over seeds."""
+    return plot_lines(curves, colors, path, [
+        ("gain_forward", "forward gain: max row sum of P", "log"),
+        ("gain_backward", "backward gain: max column sum of P", "log"),
+        ("gain_mean_direction", "mean-direction gain |P 1| / |1|, mean over tokens", "linear"),
+        ("effective_rank", "effective rank of P (1 to n streams)", "linear"),
+    ], marker=".")
+
+
+def plot_grad_norm(progress, colors, path):
+    """Spikes between evaluations: the largest norm in each log interval, mean over seeds."""
+    return plot_lines(progress, colors, path, [
+        ("grad_norm_max", "global gradient norm before clipping (max per log interval)", "log")])
+
+
+def plot_gates(curves, colors, path):
+    """Per sublayer at the end of training, mean over seeds with the seeds' min to
+    max: the gates reset (below 0.01), the mean gate, and the gate logits held in the
+    gate's flat region, where an update changes nothing."""
+    gated = {label: seed_rows for label, seed_rows in curves.items() if has(seed_rows, "gate_mean")}
+    if not gated:
+        return False
     n_sublayers = len(next(iter(gated.values()))[0][-1]["gate_mean"])  # 2 per layer: attention, MLP
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    panels = [("gate_reset_fraction", "fraction of gates reset (< 0.01)"), ("gate_mean", "mean gate"),
+              ("gate_logits_clipped", "fraction of gate logits held in the flat region")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4 * len(panels)))
     width = 0.8 / len(gated)
-    for i, (color, (name, seed_rows)) in enumerate(zip(plt.cm.Set2.colors, gated.items())):
-        for ax, key in zip(axes, ("gate_reset_fraction", "gate_mean")):
-            per_seed = [rows_[-1][key] for rows_ in seed_rows]  # per seed: one value per sublayer
-            per_sublayer = list(zip(*per_seed))
+    for i, (label, seed_rows) in enumerate(gated.items()):
+        for ax, (key, _) in zip(axes, panels):
+            if not has(seed_rows, key):
+                continue
+            per_sublayer = list(zip(*[rows_[-1][key] for rows_ in seed_rows]))  # per sublayer: one value per seed
             mean = [statistics.mean(v) for v in per_sublayer]
             error = [[m - min(v) for m, v in zip(mean, per_sublayer)], [max(v) - m for m, v in zip(mean, per_sublayer)]]
             x = [j + (i - (len(gated) - 1) / 2) * width for j in range(len(mean))]
-            ax.bar(x, mean, width, yerr=error, color=color, label=name, capsize=2)
-    labels = [f"{layer} {kind}" for layer in range(n_sublayers // 2) for kind in ("attn", "mlp")]
-    for ax, title in zip(axes, ("fraction of gates reset (< 0.01), end of training", "mean gate, end of training")):
-        ax.set_title(title)
-        ax.set_xticks(range(n_sublayers), labels, rotation=45)
+            ax.bar(x, mean, width, yerr=error, color=colors[label], label=label, capsize=2)
+    sublayers = [f"{layer} {kind}" for layer in range(n_sublayers // 2) for kind in ("attn", "mlp")]
+    for ax, (_, title) in zip(axes, panels):
+        ax.set_title(title + ", end of training")
+        ax.set_xticks(range(n_sublayers), sublayers, rotation=45)
         ax.set_xlabel("layer, sublayer")
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=8, loc="upper left")
     save(fig, path)
+    return True
 
 
 def report(wall_s):
-    curves = load_metrics()
+    curves, progress = load_metrics()
     if len({len(rows_) for seed_rows in curves.values() for rows_ in seed_rows}) != 1:
         fail(f"the runs in {metrics_dir} have different numbers of evaluations: train them with the same settings")
-    rows = summarize(curves)
-    plot_val_loss(curves, os.path.join(results_dir, "val_loss.png"))
-    plot_gain(curves, os.path.join(results_dir, "gain.png"))
-    gated = any(issubclass(TOPOLOGIES[name], GatedIHC) for name in names)
-    if gated:
-        plot_gates(curves, os.path.join(results_dir, "gates.png"))
+    rows = summarize(curves, progress)
+    colors = colors_of(curves)
+    plots = [f"![{title}]({name})" for name, title, draw, data in [
+        ("val_loss.png", "validation loss", plot_val_loss, curves), ("gain.png", "composite gain", plot_gain, curves),
+        ("grad_norm.png", "gradient norm", plot_grad_norm, progress), ("gates.png", "gates", plot_gates, curves),
+    ] if draw(data, colors, os.path.join(results_dir, name))]
     run_info_path = os.path.join(results_dir, "run.json")
     if wall_s is not None:
         with open(run_info_path, "w") as f:
@@ -318,26 +417,26 @@ def report(wall_s):
                                    f"Python {platform.python_version()}, torch {torch.__version__}"), f)
     info = json.load(open(run_info_path)) if os.path.exists(run_info_path) else None
     shown_args = [os.path.relpath(arg, HERE) if arg.startswith(HERE) else arg
-                  for arg in PRESETS[preset] + shlex.split(train_args)]
+                  for arg in PRESET.args + shlex.split(train_args)]
     text = [f"# Residual topologies compared ({preset} preset)", "",
-            f"Each run: `python train.py {shlex.join(shown_args)} --residual=R --seed=S`, "
-            f"seeds {', '.join(map(str, seed_list))}."]
+            f"Each run: `python train.py {shlex.join(shown_args)} <the variant's arguments> --seed=S`, "
+            f"seeds {', '.join(map(str, seed_list))}. Variants: "
+            + ", ".join(f"`{label}` (`{shlex.join(PRESET.variants[label])}`)" for label in labels) + "."]
     if info:
         text[-1] += (f" Command: `{info['command']}`, {info['jobs']} run(s) at a time; wall time of its last "
                      f"call {info['wall_minutes']} min on {info['machine']}. tokens/s: over the whole run, with "
                      f"{info['jobs']} run(s) sharing the machine (`python bench.py` times the topologies under "
                      f"equal conditions).")
     text += ["", "Loss: mean ± standard deviation over the seeds (final: the last evaluation). A seed fixes the "
-             "initialization, the batch order and the evaluation batches, the same for every topology, so "
-             "\"final minus residual's\" (per seed, then mean ± std) is the sharper comparison.", "",
-             table(rows), "", "![validation loss](val_loss.png)", "", "![composite gain](gain.png)", ""]
-    if gated:
-        text += ["![gates](gates.png)", ""]
+             "initialization, the batch order and the evaluation batches, the same for every variant, so "
+             "\"final minus residual's\" (per seed, then mean ± std; ihc's likewise) is the sharper comparison. "
+             "Max grad norm: the largest global gradient norm before clipping in a run, mean over seeds.", "",
+             table(rows), ""]
+    text += [line for plot in plots for line in (plot, "")]
     with open(os.path.join(results_dir, "results.md"), "w") as f:
         f.write("\n".join(text))
     print(table(rows))
     print(f"wrote {results_dir}/results.md and the plots")
-
 
 start = time.time()
 if train:

@@ -767,10 +767,14 @@ def test_train_checks_out_dir_before_training(tmp_path):
     ("bench.py", ["--device=tpu"], "no benchmark section for device 'tpu'; choose one of: cpu, cuda"),
     ("bench.py", ["--rounds=many"], "--rounds=many: expected a value of type int"),
     ("bench.py", ["--profile=residual"], "--profile takes a topology other than residual, with --device=cpu"),
-    ("compare.py", ["--topologies=mhc,MHC"], "--topologies=mhc,MHC: each must be one of " + ", ".join(TOPOLOGIES)),
+    ("compare.py", ["--variants=mhc,MHC"], "--variants=mhc,MHC: each must be one of " + ", ".join(TOPOLOGIES)),
+    ("compare.py", ["--variants=bogus"], "--variants=bogus: each must be one of " + ", ".join(TOPOLOGIES)),
+    ("compare.py", ["--preset=gates", "--variants=hc"], "--variants=hc: each must be one of residual, ihc, gated_ihc, "
+     "norm_gated_ihc, norm_gated_ihc.stretched_sigmoid, norm_gated_ihc.binary, norm_gated_ihc.hard_concrete, "
+     "norm_gated_ihc.init0.9, norm_gated_ihc.static, norm_gated_ihc.deviations (or all)"),
     ("compare.py", ["--seeds=1,x"], "--seeds=1,x: expected comma-separated integers"),
     ("compare.py", ["--seeds=1,1"], "--seeds=1,1: a seed is listed twice"),
-    ("compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu"),
+    ("compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu, gates, depth"),
     ("compare.py", ["--train=False", "--results_dir=nowhere"], "no metrics in nowhere/metrics for residual-s1337, hc-s1337"),
 ])
 def test_scripts_reject_mistakes_in_one_line(script, args, message):
@@ -1366,7 +1370,7 @@ def compare(out, *args, check=True):
 
 
 def test_compare_table_summarises_every_seed(tmp_path):
-    compare(tmp_path, "--topologies=residual,gated_ihc", "--seeds=1,2")
+    compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1,2")
     table = (tmp_path / "results" / "results.md").read_text()
     for name in ("residual", "gated_ihc"):
         runs = [metrics(tmp_path / "runs" / f"{name}-s{seed}") for seed in (1, 2)]
@@ -1375,41 +1379,76 @@ def test_compare_table_summarises_every_seed(tmp_path):
         assert finals[0] != finals[1], "each run must get its own seed"
         assert (f"| `{name}` | {statistics.mean(finals):.4f} ± {statistics.stdev(finals):.4f} "
                 f"| {statistics.mean(bests):.4f} ± {statistics.stdev(bests):.4f} |") in table, table
-        for seed, rows in zip((1, 2), runs):  # the copies the plots can be redrawn from
-            copied = (tmp_path / "results" / "metrics" / f"{name}-s{seed}.jsonl").read_text().splitlines()
-            assert [json.loads(line) for line in copied] == rows
+        for seed in (1, 2):  # the copies the plots can be redrawn from: evaluations and progress rows
+            copied = (tmp_path / "results" / "metrics" / f"{name}-s{seed}.jsonl").read_text()
+            assert copied == (tmp_path / "runs" / f"{name}-s{seed}" / "metrics.jsonl").read_text()
     residual, gated = ([metrics(tmp_path / "runs" / f"{name}-s{seed}")[-1]["val_loss"] for seed in (1, 2)]
                        for name in ("residual", "gated_ihc"))
     paired = [g - r for g, r in zip(gated, residual)]  # the same seed: the same batches and evaluation batches
     assert f"| {statistics.mean(paired):+.4f} ± {statistics.stdev(paired):.4f} | " in table
     assert "| `residual` |" in table and "| +0.0000 ± 0.0000 | 1.00x |" in table
-    for plot in ("val_loss.png", "gain.png", "gates.png"):
+    for name in ("residual", "gated_ihc"):  # the largest gradient norm of each run, mean over seeds; then the minutes
+        runs = [tmp_path / "runs" / f"{name}-s{seed}" for seed in (1, 2)]
+        grad = statistics.mean(max(r["grad_norm_max"] for r in metrics(run, "grad_norm")) for run in runs)
+        minutes = statistics.mean(metrics(run)[-1]["elapsed_s"] for run in runs) / 60
+        assert f"| {grad:.2f} | {minutes:.1f} |\n" in table, table
+    for plot in ("val_loss.png", "gain.png", "grad_norm.png", "gates.png"):
         assert (tmp_path / "results" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_compare_redraws_the_table_and_plots_byte_for_byte(tmp_path):
+    """--train=False rewrites results.md and every plot from the metrics copies, the same bytes."""
+    compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1")
+    results = tmp_path / "results"
+    drawn = {path.name: path.read_bytes() for path in results.iterdir() if path.suffix in (".md", ".png")}
+    assert set(drawn) == {"results.md", "val_loss.png", "gain.png", "grad_norm.png", "gates.png"}
+    for name in drawn:
+        (results / name).unlink()  # the redraw must write each file again, not find it
+    compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1", "--train=False")
+    redrawn = {path.name: path.read_bytes() for path in results.iterdir() if path.suffix in (".md", ".png")}
+    assert [name for name in drawn if redrawn.get(name) != drawn[name]] == []
+
+
+def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
+    """The gates preset's static variant is norm_gated_ihc with --alpha_init=0, run
+    and named as such; ihc among the variants adds a paired column against it."""
+    compare(tmp_path, "--preset=gates", "--variants=ihc,norm_gated_ihc.static", "--seeds=1")
+    out_dir = tmp_path / "runs" / "norm_gated_ihc.static-s1"
+    assert "--alpha_init=0" in json.loads((out_dir / "run.json").read_text())["arguments"]
+    config = torch.load(out_dir / "ckpt.pt", weights_only=True)["config"]
+    assert config["residual"] == "norm_gated_ihc" and config["alpha_init"] == 0
+    assert (tmp_path / "results" / "metrics" / "norm_gated_ihc.static-s1.jsonl").exists()
+    table = (tmp_path / "results" / "results.md").read_text()
+    ihc, static = (metrics(tmp_path / "runs" / f"{label}-s1")[-1]["val_loss"]
+                   for label in ("ihc", "norm_gated_ihc.static"))
+    assert "| final minus ihc's, same seed |" in table and "| final minus residual's" not in table
+    assert f"| `norm_gated_ihc.static` | {static:.4f} ± 0.0000 | " in table
+    assert f"| {static - ihc:+.4f} ± 0.0000 | " in table, table
+
+
 def test_compare_skips_finished_runs_and_a_rerun_reproduces_them(tmp_path):
-    compare(tmp_path / "first", "--topologies=mhc", "--seeds=5")
+    compare(tmp_path / "first", "--variants=mhc", "--seeds=5")
     log = tmp_path / "first" / "runs" / "mhc-s5" / "train.log"
     before = log.stat().st_mtime_ns
-    result = compare(tmp_path / "first", "--topologies=mhc", "--seeds=5")
+    result = compare(tmp_path / "first", "--variants=mhc", "--seeds=5")
     assert "1 of 1 runs already finished" in result.stdout and log.stat().st_mtime_ns == before
-    compare(tmp_path / "again", "--topologies=mhc", "--seeds=5")
+    compare(tmp_path / "again", "--variants=mhc", "--seeds=5")
     first, again = (metrics(tmp_path / d / "runs" / "mhc-s5")[-1]["val_loss"] for d in ("first", "again"))
     assert abs(first - again) <= 1e-6, (first, again)
-    result = compare(tmp_path / "first", "--topologies=mhc", "--seeds=5", "--train_args=--max_iters=10", check=False)
+    result = compare(tmp_path / "first", "--variants=mhc", "--seeds=5", "--train_args=--max_iters=10", check=False)
     assert result.returncode == 2 and "was trained with other arguments" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
 def test_compare_names_a_failed_run_in_one_line_and_continues_after_the_fix(tmp_path):
-    result = compare(tmp_path, "--topologies=ihc", "--seeds=1", "--train_args=--max_itters=5", check=False)
+    result = compare(tmp_path, "--variants=ihc", "--seeds=1", "--train_args=--max_itters=5", check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "unknown key 'max_itters'" in result.stderr.strip().splitlines()[-1]
-    compare(tmp_path, "--topologies=ihc", "--seeds=1")  # the failed run left nothing in the way
+    compare(tmp_path, "--variants=ihc", "--seeds=1")  # the failed run left nothing in the way
 
 
 def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
-    args = ["--topologies=ihc", "--seeds=3", "--train_args=" + COMPARE_TRAIN_ARGS + " --max_iters=400 --eval_interval=50"]
+    args = ["--variants=ihc", "--seeds=3", "--train_args=" + COMPARE_TRAIN_ARGS + " --max_iters=400 --eval_interval=50"]
     run("compare.py", f"--runs_dir={tmp_path / 'straight'}", f"--results_dir={tmp_path / 'r1'}", *args)
     command = [sys.executable, os.path.join(ROOT, "compare.py"), f"--runs_dir={tmp_path / 'stopped'}",
                f"--results_dir={tmp_path / 'r2'}", *args]

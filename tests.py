@@ -496,13 +496,14 @@ def test_composite_gain_is_one_at_init(name):
 
 def test_composite_gain_of_the_mix_product():
     """The gain is computed from the product of the MIX matrices: scale one
-    sublayer's static HC mix by 2 and the forward and backward gains double."""
+    sublayer's static HC mix by 2 and the forward and backward gains double.
+    (hc's MIX is A_r transposed: the test sets A_r = L^T to get MIX = L.)"""
     torch.manual_seed(0)
     model = GPT(tiny_config("hc"))
     with torch.no_grad():
         model.transformer.h[1].attn_topology.mix_static.mul_(2.0)
         model.transformer.h[0].mlp_topology.mix_static.copy_(torch.tensor(
-            [[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]))
+            [[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]).T)
     report = model.diagnostics(torch.randint(0, 65, (2, 16)))
     assert abs(report["gain_forward"] - 2.0) < 1e-5  # rows of 2 * L sum to 2
     assert abs(report["gain_backward"] - 3.0) < 1e-5  # column 0 of 2 * L sums to 2 * 1.5
@@ -522,7 +523,7 @@ def test_mean_direction_gain_and_effective_rank_see_decay_and_collapse():
         torch.manual_seed(0)
         model = GPT(tiny_config("hc"))
         with torch.no_grad():
-            model.transformer.h[0].mlp_topology.mix_static.copy_(mix)
+            model.transformer.h[0].mlp_topology.mix_static.copy_(mix.T)  # hc's MIX is A_r^T
         report = model.diagnostics(torch.randint(0, 65, (2, 16)))
         assert abs(report["gain_mean_direction"] - gain) < 1e-5, report
         assert abs(report["effective_rank"] - rank) < 1e-4, report

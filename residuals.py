@@ -291,7 +291,7 @@ class IdentityHC(DynamicStreams):
 # -----------------------------------------------------------------------------
 # Gates (seed 000 s.13). A gated topology turns its MIX logits u into gates
 # g = clip(f(u), 0, 1): the clip lets a gate be exactly 0 (a reset: the stream
-# forgets) and exactly 1 (keep), which a plain sigmoid never reaches. The four
+# forgets) and exactly 1 (keep), which a plain sigmoid never reaches. The five
 # options, --gate=..., differ in f and in the gradient they pass back to u.
 
 
@@ -318,6 +318,16 @@ class ClipGate:
     def logit(g):
         """The u whose gate is g (at evaluation): the init bias."""
         return g
+
+
+class HardSigmoidGate(ClipGate):
+    """hard_sigmoid: the same forward as clip, with the clip's true gradient: 0 where
+    it holds, so a logit past a bound stops moving (at the bound itself torch's
+    clamp passes the gradient, so u = 1 at step 0 still learns)."""
+
+    @staticmethod
+    def value(u, training):
+        return u.clamp(0.0, 1.0)
 
 
 class StretchedSigmoidGate:
@@ -360,8 +370,8 @@ class HardConcreteGate(StretchedSigmoidGate):
         return stretch((u + torch.logit(noise)) / (2 / 3)).clamp(0.0, 1.0)
 
 
-GATES = {"clip": ClipGate, "stretched_sigmoid": StretchedSigmoidGate, "binary": BinaryGate,
-         "hard_concrete": HardConcreteGate}
+GATES = {"clip": ClipGate, "hard_sigmoid": HardSigmoidGate, "stretched_sigmoid": StretchedSigmoidGate,
+         "binary": BinaryGate, "hard_concrete": HardConcreteGate}
 
 
 class GatedIHC(DynamicStreams):

@@ -251,9 +251,11 @@ def gate_and_gradient(gate, u, training=False):
 
 def test_straight_through_gates_reach_exact_0_and_1_and_pass_the_gradient():
     """Seed 000 s.13: a gate that can be exactly 0 (a reset) and exactly 1, whose
-    logit still learns where the forward pass is held (straight-through: gradient 1)."""
+    logit still learns where the forward pass is held (straight-through: gradient 1);
+    hard_sigmoid, the same forward with the true gradient, stops where it is held."""
     u = [-0.5, 0.0, 0.3, 0.6, 1.0, 1.7]
     assert gate_and_gradient("clip", u) == ([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], [1.0] * 6)
+    assert gate_and_gradient("hard_sigmoid", u) == ([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
     assert gate_and_gradient("binary", u) == ([0.0, 0.0, 0.0, 1.0, 1.0, 1.0], [1.0] * 6)
 
 
@@ -771,7 +773,7 @@ def test_train_checks_out_dir_before_training(tmp_path):
     ("compare.py", ["--variants=mhc,MHC"], "--variants=mhc,MHC: each must be one of " + ", ".join(TOPOLOGIES)),
     ("compare.py", ["--variants=bogus"], "--variants=bogus: each must be one of " + ", ".join(TOPOLOGIES)),
     ("compare.py", ["--preset=gates", "--variants=hc"], "--variants=hc: each must be one of residual, ihc, gated_ihc, "
-     "norm_gated_ihc, norm_gated_ihc.stretched_sigmoid, norm_gated_ihc.binary, norm_gated_ihc.hard_concrete, "
+     "norm_gated_ihc, norm_gated_ihc.hard_sigmoid, norm_gated_ihc.stretched_sigmoid, norm_gated_ihc.binary, norm_gated_ihc.hard_concrete, "
      "norm_gated_ihc.init0.9, norm_gated_ihc.static, norm_gated_ihc.deviations (or all)"),
     ("compare.py", ["--seeds=1,x"], "--seeds=1,x: expected comma-separated integers"),
     ("compare.py", ["--seeds=1,1"], "--seeds=1,1: a seed is listed twice"),

@@ -773,8 +773,8 @@ def test_train_checks_out_dir_before_training(tmp_path):
     ("compare.py", ["--variants=mhc,MHC"], "--variants=mhc,MHC: each must be one of " + ", ".join(TOPOLOGIES)),
     ("compare.py", ["--variants=bogus"], "--variants=bogus: each must be one of " + ", ".join(TOPOLOGIES)),
     ("compare.py", ["--preset=gates", "--variants=hc"], "--variants=hc: each must be one of residual, ihc, gated_ihc, "
-     "norm_gated_ihc, norm_gated_ihc.hard_sigmoid, norm_gated_ihc.stretched_sigmoid, norm_gated_ihc.binary, norm_gated_ihc.hard_concrete, "
-     "norm_gated_ihc.init0.9, norm_gated_ihc.static, norm_gated_ihc.deviations (or all)"),
+     "norm_gated_ihc, norm_gated_ihc.hard_sigmoid, norm_gated_ihc.stretched_sigmoid, norm_gated_ihc.binary, "
+     "norm_gated_ihc.hard_concrete, norm_gated_ihc.init0.9, norm_gated_ihc.static, norm_gated_ihc.deviations (or all)"),
     ("compare.py", ["--seeds=1,x"], "--seeds=1,x: expected comma-separated integers"),
     ("compare.py", ["--seeds=1,1"], "--seeds=1,1: a seed is listed twice"),
     ("compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu, gates, depth"),

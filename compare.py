@@ -61,20 +61,23 @@ def each(*names):
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NORM_GATED = ["--residual=norm_gated_ihc"]
+CLIP = ["--gate=clip"]  # the gate the study started from, named so that a change of default cannot change it
 # Labels name run directories and files: letters, digits, _ and . only.
 PRESETS = dict(
     cpu=Preset(["--device=cpu"], each(*TOPOLOGIES)),
     gpu=Preset([os.path.join(HERE, "config", "train_shakespeare_char.py"), "--device=cuda"], each(*TOPOLOGIES)),
     # norm_gated_ihc's gate options beside the topologies they sit between; train.py's CPU model
     gates=Preset(["--device=cpu"], {
-        **each("residual", "ihc", "gated_ihc", "norm_gated_ihc"),  # gated_ihc: norm_gated_ihc with c_max=1
+        **each("residual", "ihc"),
+        "gated_ihc": ["--residual=gated_ihc"] + CLIP,  # norm_gated_ihc with c_max = 1: no amplification
+        "norm_gated_ihc": NORM_GATED + CLIP,
         "norm_gated_ihc.hard_sigmoid": NORM_GATED + ["--gate=hard_sigmoid"],  # clip's forward, true gradient
         "norm_gated_ihc.stretched_sigmoid": NORM_GATED + ["--gate=stretched_sigmoid"],
         "norm_gated_ihc.binary": NORM_GATED + ["--gate=binary"],
         "norm_gated_ihc.hard_concrete": NORM_GATED + ["--gate=hard_concrete"],
-        "norm_gated_ihc.init0.9": NORM_GATED + ["--gate_init=0.9"],  # inside the clip, not on its boundary
-        "norm_gated_ihc.static": NORM_GATED + ["--alpha_init=0"],  # static coefficients: no dynamic part
-        "norm_gated_ihc.deviations": NORM_GATED + ["--gate_deviations=True"],
+        "norm_gated_ihc.init0.9": NORM_GATED + CLIP + ["--gate_init=0.9"],  # inside the clip, not on its edge
+        "norm_gated_ihc.static": NORM_GATED + CLIP + ["--alpha_init=0"],  # static coefficients: no dynamic part
+        "norm_gated_ihc.deviations": NORM_GATED + CLIP + ["--gate_deviations=True"],
     }),
     # deeper and narrower than train.py's CPU model (4 x 128); max_iters to be tuned
     depth=Preset(["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4", "--max_iters=1000"], {

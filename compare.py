@@ -52,6 +52,7 @@ class Preset(NamedTuple):
     args: list  # train.py's arguments for every run
     variants: dict  # label -> the variant's own train.py arguments, in the table's order
     seeds: str = "1337,1338,1339"
+    baselines: tuple = ("residual", "ihc")  # a paired column for each that is among the chosen variants
 
 
 def each(*names):
@@ -67,7 +68,7 @@ PRESETS = dict(
     cpu=Preset(["--device=cpu"], each(*TOPOLOGIES)),
     gpu=Preset([os.path.join(HERE, "config", "train_shakespeare_char.py"), "--device=cuda"], each(*TOPOLOGIES)),
     # norm_gated_ihc's gate options beside the topologies they sit between; train.py's CPU model
-    gates=Preset(["--device=cpu"], {
+    gates=Preset(["--device=cpu"], baselines=("residual", "ihc", "norm_gated_ihc"), variants={
         **each("residual", "ihc"),
         "gated_ihc": ["--residual=gated_ihc"] + CLIP,  # norm_gated_ihc with c_max = 1: no amplification
         "norm_gated_ihc": NORM_GATED + CLIP,
@@ -79,10 +80,13 @@ PRESETS = dict(
         "norm_gated_ihc.static": NORM_GATED + CLIP + ["--alpha_init=0"],  # static coefficients: no dynamic part
         "norm_gated_ihc.deviations": NORM_GATED + CLIP + ["--gate_deviations=True"],
     }),
-    # deeper and narrower than train.py's CPU model (4 x 128); max_iters to be tuned
+    # three times the CPU model's depth at half its width (12 x 64, about as many weights as 4 x 128),
+    # half its iterations; the gated topologies with the gate the gates preset chose, and with clip
     depth=Preset(["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4", "--max_iters=1000"], {
-        **each("residual", "hc", "mhc", "mhc_lite", "ihc", "mean_gated_ihc", "norm_gated_ihc"),
-        # a gate option: one line as in gates, e.g. "norm_gated_ihc.binary": NORM_GATED + ["--gate=binary"],
+        **each("residual", "hc", "mhc", "mhc_lite", "ihc"),
+        "mean_gated_ihc": ["--residual=mean_gated_ihc", "--gate=stretched_sigmoid"],
+        "norm_gated_ihc": NORM_GATED + ["--gate=stretched_sigmoid"],
+        "norm_gated_ihc.clip": NORM_GATED + CLIP,
     }),
 )
 
@@ -218,7 +222,6 @@ def train_all():
 
 
 # --- the report ----------------------------------------------------------------
-BASELINES = ("residual", "ihc")  # a paired column for each that is among the variants
 
 
 def load_metrics():
@@ -265,7 +268,7 @@ def summarize(curves, progress):
                            gain_forward=max(r["gain_forward"] for rows_ in seed_rows for r in rows_),
                            gain_backward=max(r["gain_backward"] for rows_ in seed_rows for r in rows_),
                            minutes=statistics.mean(rows_[-1]["elapsed_s"] for rows_ in seed_rows) / 60)
-        for base in BASELINES:
+        for base in PRESET.baselines:
             if base in curves:
                 rows[label][f"vs_{base}"] = mean_std([final - base_rows[-1]["val_loss"]
                                                       for final, base_rows in zip(finals, curves[base])])
@@ -277,7 +280,7 @@ def summarize(curves, progress):
 
 def table(rows):
     base = rows["residual"]["tokens_per_sec"] if "residual" in rows else None
-    paired = [name for name in BASELINES if name in rows]
+    paired = [name for name in PRESET.baselines if name in rows]
     grad = all("grad_norm_max" in row for row in rows.values())
     columns = ["variant", "final val loss", "best val loss"] + [f"final minus {name}'s, same seed" for name in paired]
     columns += ["tokens/s vs residual" if base else "tokens/s", "max gain fwd / bwd"]

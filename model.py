@@ -25,6 +25,8 @@ from residuals import TOPOLOGIES
 
 @dataclass
 class GPTConfig:
+    """Checkpoints keep these as model_args. Those saved before the gate options
+    existed (no "gate" key) were trained with the clip gate: OLD_CHECKPOINT_GATE."""
     block_size: int = 1024
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
     n_layer: int = 12
@@ -38,10 +40,13 @@ class GPTConfig:
     sinkhorn_iters: int = 20  # mhc
     gate_c_max: float = 2.0  # norm_gated_ihc: cap of the norm correction c(g)
     gate_anchor: bool = False  # gated_ihc, norm_gated_ihc: keep stream 0's gate at 1
-    gate: str = "clip"  # gated topologies: how logits become gates, a key of residuals.GATES
+    gate: str = "stretched_sigmoid"  # gated topologies: how logits become gates, a key of residuals.GATES
     gate_init: float = 1.0  # gated topologies: every gate's value at step 0, in (0, 1]
     gate_deviations: bool = False  # gated_ihc, norm_gated_ihc: gate only the deviations from the stream mean
     kernels: str = "fused"  # implementation of the stream ops: reference, fused or triton (see stream_ops)
+
+
+OLD_CHECKPOINT_GATE = dict(gate="clip")  # under model_args when a checkpoint has no "gate"
 
 
 def check_config(config):
@@ -68,8 +73,8 @@ def check_gate_config(config):
     if config.gate == "binary" and config.gate_init != 1:
         raise ValueError(f"the binary gate is 0 or 1: gate_init must be 1, got {config.gate_init}")
     topology = TOPOLOGIES[config.residual]
-    changed = [key for key, default in (("gate", "clip"), ("gate_init", 1.0), ("gate_anchor", False),
-                                        ("gate_deviations", False)) if getattr(config, key) != default]
+    changed = [key for key in ("gate", "gate_init", "gate_anchor", "gate_deviations")
+               if getattr(config, key) != getattr(GPTConfig, key)]  # set away from its default
     if changed and not issubclass(topology, residuals.GatedIHC):
         raise ValueError(f"{', '.join(changed)}: gate settings apply to gated_ihc, norm_gated_ihc and "
                          f"mean_gated_ihc only, not to '{config.residual}'")

@@ -14,7 +14,7 @@ import pickle
 import torch
 
 from configurator import choose_device, configure, fail
-from model import GPT, KERNELS, GPTConfig
+from model import GPT, KERNELS, OLD_CHECKPOINT_GATE, GPTConfig
 from prepare import DATA_DIR, gpt2_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -43,7 +43,7 @@ if not os.path.exists(ckpt_path):
     fail(f"no checkpoint at {ckpt_path}; train one with python train.py --out_dir={out_dir}")
 try:
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    model_args = checkpoint["model_args"]
+    model_args = {**OLD_CHECKPOINT_GATE, **checkpoint["model_args"]}
     model = GPT(GPTConfig(**{**model_args, "kernels": kernels}))
     model.load_state_dict(checkpoint["model"])
 except Exception as e:  # any damage to the file: say which file, not a traceback

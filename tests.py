@@ -236,9 +236,11 @@ def test_hc_sends_stream_i_where_row_i_of_A_r_says():
     torch.testing.assert_close(out[:, :, 1:], h[:, :, 1:])
 
 
-def gated(name, n=4, **config):
-    """A gated topology on its own, float64, to feed gate logits to its mix() directly."""
-    return TOPOLOGIES[name](GPTConfig(n_embd=8, n_head=2, residual=name, n_streams=n, **config), 0, residuals).double()
+def gated(name, n=4, gate="clip", **config):
+    """A gated topology on its own, float64, to feed gate logits to its mix() directly;
+    with the clip gate by default, whose logits in [0, 1] are the gates themselves."""
+    config = GPTConfig(n_embd=8, n_head=2, residual=name, n_streams=n, gate=gate, **config)
+    return TOPOLOGIES[name](config, 0, residuals).double()
 
 
 def gate_and_gradient(gate, u, training=False):
@@ -929,6 +931,25 @@ def test_sample_names_damaged_checkpoints(trained, tmp_path):
 def test_sample_names_characters_outside_the_vocabulary(trained):
     result = run("sample.py", f"--out_dir={trained}", "--start=naïve ☃", "--device=cpu", check=False)
     assert result.returncode == 2 and "'ï☃'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_checkpoints_from_before_the_gate_options_load_with_the_clip_gate(tmp_path):
+    """A checkpoint without a "gate" was trained with clip, the only gate then: it
+    samples as clip does, not as today's default gate would."""
+    run("train.py", "--residual=norm_gated_ihc", "--gate=clip", "--max_iters=30", "--eval_interval=30",
+        f"--out_dir={tmp_path / 'clip'}", *TINY)
+    checkpoint = torch.load(tmp_path / "clip" / "ckpt.pt", weights_only=True)
+    for key, value in checkpoint["model"].items():  # gate logits where clip and the default differ most
+        if key.endswith("_topology.bias"):
+            value[8:] = torch.tensor([1.0, 0.0, 1.0, 0.0])  # after pre's and post's 4 each
+    torch.save(checkpoint, tmp_path / "clip" / "ckpt.pt")
+    for name, gate in (("old", None), ("default", GPTConfig.gate)):
+        args = {k: v for k, v in checkpoint["model_args"].items() if k != "gate"}
+        (tmp_path / name).mkdir()
+        torch.save({**checkpoint, "model_args": {**args, **({"gate": gate} if gate else {})}}, tmp_path / name / "ckpt.pt")
+    texts = {name: run("sample.py", f"--out_dir={tmp_path / name}", "--num_samples=1", "--max_new_tokens=200",
+                       "--device=cpu").stdout for name in ("clip", "old", "default")}
+    assert texts["old"] == texts["clip"] != texts["default"]
 
 
 

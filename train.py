@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from configurator import choose_device, config_keys, configure, fail
-from model import GPT, KERNELS, GPTConfig, check_config, stream_ops
+from model import GPT, KERNELS, OLD_CHECKPOINT_GATE, GPTConfig, check_config, stream_ops
 from prepare import DATA_DIR, DATASETS, get_batch, prepare_dataset
 from residuals import TOPOLOGIES
 
@@ -53,7 +53,7 @@ residual = "residual"  # the topology: one of residuals.TOPOLOGIES
 n_streams = 0  # 0: the topology's default (1 for residual, 4 for the others)
 alpha_init = 0.01  # initial coefficient scales a_* (mHC) and s (HC)
 sinkhorn_iters = 20
-gate = "clip"  # gated topologies: clip, hard_sigmoid, stretched_sigmoid, binary or hard_concrete (residuals.GATES)
+gate = "stretched_sigmoid"  # gated topologies: clip, hard_sigmoid, stretched_sigmoid, binary or hard_concrete
 gate_init = 1.0  # gated topologies: the gates' value at step 0, in (0, 1]
 gate_c_max = 2.0  # norm_gated_ihc: cap of the norm correction c(g)
 gate_anchor = False  # gated_ihc, norm_gated_ihc: stream 0's gate always 1
@@ -132,7 +132,8 @@ if init_from == "resume":
         fail(f"--init_from=resume: no checkpoint at {ckpt_path}")
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     # the architecture comes from the checkpoint; only the kernels may change
-    model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "kernels"})
+    saved = {**OLD_CHECKPOINT_GATE, **checkpoint["model_args"]}
+    model_args.update({k: v for k, v in saved.items() if k != "kernels"})
 try:
     check_config(GPTConfig(**model_args))
 except ValueError as e:

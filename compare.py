@@ -7,7 +7,7 @@ metrics.jsonl. A preset fixes train.py's arguments for every run, its variants
     python compare.py                  # CPU: 8 topologies x 3 seeds of train.py's CPU model (~1 hour on 2 cores)
     python compare.py --preset=gpu     # one GPU: nanoGPT's 6 x 384 shakespeare_char model, one run at a time
     python compare.py --preset=gates   # CPU: 11 variants (gate options) x 3 seeds, CPU model (~75 min on 2 cores)
-    python compare.py --preset=depth   # CPU: 7 topologies x 3 seeds, a deeper 12 x 64 model (~N min on 2 cores)
+    python compare.py --preset=depth   # CPU: 8 variants x 3 seeds, a deeper 12 x 64 model (~51 min on 2 cores)
     python compare.py --variants=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
 
 Each run is `python train.py <preset's arguments> <--train_args> <variant's arguments>

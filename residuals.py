@@ -432,10 +432,7 @@ class MeanGatedIHC(GatedIHC):
     Keeps the stream mean, scales every zero-sum direction by g (seed 000 s.8)."""
 
     def mix_bias(self, n):
-        return GATES[self.config.gate].logit(torch.full((1,), self.config.gate_init))
-
-    def gate(self, res):
-        return GATES[self.config.gate].value(res, self.training)  # (B,T,1)
+        return super().mix_bias(1)  # one gate logit, for every stream
 
     def mix(self, res):
         return torch.addcmul(self.J, self.gate(res).unsqueeze(-1), self.I_minus_J)  # (B,T,1,1) -> (B,T,n,n)

@@ -9,9 +9,9 @@ Every global below is a setting (--key=value). Sizes not set by the user follow
 the device: nanoGPT's CPU recipe on a CPU, nanoGPT's shakespeare_char model
 (6 x 384, block 256) on a GPU. Writes out_dir/ckpt.pt (plain tensors and values:
 torch.load(weights_only=True) reads it) and out_dir/metrics.jsonl: one JSON line
-per evaluation (val_loss, diagnostics) and one per log_interval (the training loss
-and the global gradient norm, which explains a spike). Ctrl-C or SIGTERM saves a checkpoint and exits; resume
-with --init_from=resume.
+per evaluation (val_loss, diagnostics) and one per log_interval (the training
+loss and the global gradient norm, which explains a spike). Ctrl-C or SIGTERM
+saves a checkpoint and exits; resume with --init_from=resume.
 """
 import json
 import math
@@ -257,10 +257,9 @@ def keep_metrics_before(it):
     """On resume, drop metric lines the checkpoint does not cover: evaluations from
     iteration it on (the resumed run evaluates it again), progress lines after it."""
     path = os.path.join(out_dir, "metrics.jsonl")
-    rows = [line for line in open(path) if json.loads(line)["iter"] < it + ("val_loss" not in json.loads(line))
-            ] if os.path.exists(path) else []
+    rows = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
     with open(path, "w") as f:
-        f.writelines(rows)
+        f.writelines(json.dumps(row) + "\n" for row in rows if row["iter"] < it + ("val_loss" not in row))
 
 
 stop_signal = None

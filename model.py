@@ -41,7 +41,7 @@ class GPTConfig:
     gate_c_max: float = 2.0  # norm_gated_ihc: cap of the norm correction c(g)
     gate_anchor: bool = False  # gated_ihc, norm_gated_ihc: keep stream 0's gate at 1
     gate: str = "stretched_sigmoid"  # gated topologies: how logits become gates, a key of residuals.GATES
-    gate_init: float = 1.0  # gated topologies: every gate's value at step 0, in (0, 1]
+    gate_init: float = 0.0  # gated topologies: every gate's value at step 0, in (0, 1]; 0: the gate's own init
     gate_deviations: bool = False  # gated_ihc, norm_gated_ihc: gate only the deviations from the stream mean
     kernels: str = "fused"  # implementation of the stream ops: reference, fused or triton (see stream_ops)
 
@@ -68,9 +68,9 @@ def check_gate_config(config):
     """The gate settings: each one only where it means something, never ignored."""
     if config.gate not in residuals.GATES:
         raise ValueError(f"unknown gate '{config.gate}'; choose one of: {', '.join(residuals.GATES)}")
-    if not 0 < config.gate_init <= 1:
-        raise ValueError(f"gate_init must be in (0, 1], got {config.gate_init}")
-    if config.gate == "binary" and config.gate_init != 1:
+    if not (0 < config.gate_init <= 1 or config.gate_init == 0):
+        raise ValueError(f"gate_init must be in (0, 1], or 0 for the gate's own init, got {config.gate_init}")
+    if config.gate == "binary" and config.gate_init not in (0, 1):
         raise ValueError(f"the binary gate is 0 or 1: gate_init must be 1, got {config.gate_init}")
     topology = TOPOLOGIES[config.residual]
     changed = [key for key in ("gate", "gate_init", "gate_anchor", "gate_deviations")

@@ -294,7 +294,14 @@ class IdentityHC(DynamicStreams):
 # forgets) and exactly 1 (keep), which a plain sigmoid never reaches. The five
 # options, --gate=..., differ in f and in the gradient they pass back to u. The
 # default is stretched_sigmoid: the straight-through ones (clip, binary) cost
-# 0.04-0.13 in val loss in the gates study (README, Results), a true gradient nothing.
+# 0.04-0.13 in val loss in the gates study (results/README.md), a true gradient nothing.
+#
+# Each option has its own step-0 gate, `init` (--gate_init overrides it). A gate
+# with its true gradient gets none where its clip holds, so one that starts on the
+# clip's edge (g = 1) is frozen by the first update that pushes it past: at 12
+# layers mean_gated_ihc's gate froze at 1 in every sublayer, and the topology
+# trained as ihc. Those gates start at 0.9, inside; the straight-through ones pass
+# the gradient past the edge anyway and start at 1.
 
 
 def stretch(u):
@@ -306,6 +313,7 @@ def stretch(u):
 class ClipGate:
     """clip: g = clip(u, 0, 1) forward; backward as if g = u (straight-through), so a
     logit pushed past a bound still gets its gradient and can come back."""
+    init = 1.0
 
     @staticmethod
     def value(u, training):
@@ -325,7 +333,8 @@ class ClipGate:
 class HardSigmoidGate(ClipGate):
     """hard_sigmoid: the same forward as clip, with the clip's true gradient: 0 where
     it holds, so a logit past a bound stops moving (at the bound itself torch's
-    clamp passes the gradient, so u = 1 at step 0 still learns)."""
+    clamp passes the gradient, but past it nothing)."""
+    init = 0.9
 
     @staticmethod
     def value(u, training):
@@ -335,6 +344,7 @@ class HardSigmoidGate(ClipGate):
 class StretchedSigmoidGate:
     """stretched_sigmoid: g = clip(stretch(u), 0, 1) with its true gradient, which is
     zero where the clip holds: a gate pushed to exactly 0 or 1 stays there."""
+    init = 0.9
 
     @staticmethod
     def value(u, training):
@@ -378,7 +388,9 @@ GATES = {"clip": ClipGate, "hard_sigmoid": HardSigmoidGate, "stretched_sigmoid":
 
 class GatedIHC(DynamicStreams):
     """gated_ihc: MIX = diag(g), g in [0, 1]^n from the MIX logits by --gate: a forget
-    gate per stream (seed 000 s.6). g = gate_init (1 by default) at step 0.
+    gate per stream (seed 000 s.6). At step 0 every g is the gate's init (0.9 for
+    the default gate), so MIX = 0.9 I: a residual network whose state shrinks by
+    0.9 at each sublayer, not the plain one (its siblings below are, at any init).
     gate_anchor keeps stream 0 always on. gate_deviations gates only the streams'
     deviations from their mean: MIX = J + (I - J) diag(g) (I - J), J = ones/n, which
     keeps the mean, the common mode the LM head reads."""
@@ -391,7 +403,8 @@ class GatedIHC(DynamicStreams):
         self.register_buffer("I_minus_J", torch.eye(n) - J, persistent=False)
 
     def mix_bias(self, n):
-        return GATES[self.config.gate].logit(torch.full((n,), self.config.gate_init))
+        gate = GATES[self.config.gate]
+        return gate.logit(torch.full((n,), self.config.gate_init or gate.init))  # gate_init 0: the gate's own
 
     def gate(self, res):
         g = GATES[self.config.gate].value(res, self.training)  # (B,T,n)

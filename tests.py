@@ -403,9 +403,10 @@ def with_weights_of(reference, config):
 
 @pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
 def test_init_equals_residual_network(name):
+    """gated_ihc with its gates at 1; at its default gate_init it starts shrunk (below)."""
     torch.manual_seed(0)
     reference = GPT(tiny_config("residual"))
-    model = with_weights_of(reference, tiny_config(name, n_streams=4))
+    model = with_weights_of(reference, tiny_config(name, n_streams=4, **GATES_AT_ONE.get(name, {})))
     idx = torch.randint(0, 65, (3, 16))
     with torch.no_grad():
         expected, _ = reference(idx, idx)  # with targets: logits at every position
@@ -414,7 +415,8 @@ def test_init_equals_residual_network(name):
     assert err < 1e-5, f"{name} at step 0 differs from the residual network by {err}"
 
 
-GATE_SETTINGS = [(name, dict(gate=gate)) for name in GATED for gate in residuals.GATES] + [
+GATES_AT_ONE = dict(gated_ihc=dict(gate_init=1.0))  # diag(g) is I only at g = 1; c(g) g and J + g (I - J) at any g
+GATE_SETTINGS = [(name, dict(gate=gate, **GATES_AT_ONE.get(name, {}))) for name in GATED for gate in residuals.GATES] + [
     (name, dict(gate_init=0.9)) for name in ("norm_gated_ihc", "mean_gated_ihc")] + [
     (name, dict(gate_deviations=True, gate_init=init)) for name in ("gated_ihc", "norm_gated_ihc") for init in (1.0, 0.5)]
 
@@ -430,6 +432,38 @@ def test_every_gate_option_starts_as_the_residual_network(name, settings):
     with torch.no_grad():
         err = (model(idx, idx)[0] - reference(idx, idx)[0]).abs().max().item()
     assert err < 1e-5, f"{name} {settings} at step 0 differs from the residual network by {err}"
+
+
+@pytest.mark.parametrize("gate, init", [("stretched_sigmoid", 0.9), ("hard_sigmoid", 0.9), ("hard_concrete", 0.9),
+                                        ("clip", 1.0), ("binary", 1.0)])
+def test_each_gate_starts_at_its_own_init(gate, init):
+    """gate_init 0 (the default) is the gate's own: 0.9, inside the clip, for the
+    true-gradient gates, 1 for the straight-through ones; gated_ihc's MIX at step 0
+    is then init * I on every token, so its state shrinks by init per sublayer."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config("gated_ihc", gate=gate)).eval()  # hard_concrete: its deterministic gate
+    h = torch.randn(2, 16, 4, 32)
+    for block in model.transformer.h:
+        for topology in (block.attn_topology, block.mlp_topology):
+            mix = topology.mix_matrix(h)  # (B,T,n,n)
+            assert torch.allclose(mix, init * torch.eye(4).expand_as(mix), atol=1e-6), (gate, mix[0, 0])
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_default_gates_keep_learning_where_gates_on_the_clip_edge_freeze(name, tmp_path):
+    """Gates that start on the clip's edge (g = 1) with the default, true-gradient
+    gate are frozen by the first update that pushes them past it: at 12 layers,
+    within 20 iterations, most gate logits are held and the gates stay at 1 from
+    then on (mean_gated_ihc then trains as ihc). The default init, inside the
+    clip, leaves nearly every logit free, and the gates move."""
+    common = [*TINY, "--n_layer=12", "--max_iters=40", "--eval_interval=20", "--eval_iters=2", f"--residual={name}"]
+    run("train.py", *common, "--gate_init=1", f"--out_dir={tmp_path / 'edge'}")
+    run("train.py", *common, f"--out_dir={tmp_path / 'default'}")
+    held = lambda row: statistics.mean(row["gate_logits_clipped"])
+    edge, default = metrics(tmp_path / "edge")[1:], metrics(tmp_path / "default")
+    assert all(held(row) > 0.75 and min(row["gate_mean"]) > 0.995 for row in edge), edge
+    assert held(default[-1]) < 0.25, default[-1]
+    assert max(abs(g - 0.9) for g in default[-1]["gate_mean"]) > 1e-4, "the default gates did not move"
 
 
 @pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
@@ -489,7 +523,8 @@ def test_optimizer_groups():
 @pytest.mark.parametrize("name", list(TOPOLOGIES))
 def test_composite_gain_is_one_at_init(name):
     torch.manual_seed(0)
-    report = GPT(tiny_config(name)).diagnostics(torch.randint(0, 65, (2, 16)))
+    gates_at_one = dict(gate_init=1.0) if name in GATED else {}  # P = I; at g = 0.9 mean_gated_ihc's P has rank < n
+    report = GPT(tiny_config(name, **gates_at_one)).diagnostics(torch.randint(0, 65, (2, 16)))
     assert abs(report["gain_forward"] - 1) < 1e-5 and abs(report["gain_backward"] - 1) < 1e-5, report
     assert abs(report["gain_mean_direction"] - 1) < 1e-5, report
     n = TOPOLOGIES[name].default_n_streams  # P = I, except mhc's and mhc_lite's near-identity start
@@ -729,7 +764,7 @@ def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stde
     (["--residual=mhc_lite", "--n_streams=6"], "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
     (["--residual=residual", "--n_streams=4"], "residual 'residual' needs n_streams exactly 1, got 4"),
     (["--residual=gated_ihc", "--gate=sigmoid"], "unknown gate 'sigmoid'; choose one of: " + ", ".join(residuals.GATES)),
-    (["--residual=norm_gated_ihc", "--gate_init=0"], "gate_init must be in (0, 1], got 0"),
+    (["--residual=norm_gated_ihc", "--gate_init=1.5"], "gate_init must be in (0, 1], or 0 for the gate's own init, got 1.5"),
     (["--residual=norm_gated_ihc", "--gate=binary", "--gate_init=0.5"], "the binary gate is 0 or 1: gate_init must be 1"),
     (["--residual=ihc", "--gate=binary"], "gate: gate settings apply to gated_ihc, norm_gated_ihc and mean_gated_ihc only"),
     (["--residual=mean_gated_ihc", "--gate_deviations=True"], "gate_deviations: mean_gated_ihc has one gate"),

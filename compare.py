@@ -26,6 +26,7 @@ everything from them, byte for byte.
 """
 import itertools
 import json
+import math
 import os
 import platform
 import shlex
@@ -63,6 +64,7 @@ def each(*names):
 HERE = os.path.dirname(os.path.abspath(__file__))
 NORM_GATED = ["--residual=norm_gated_ihc"]
 CLIP = ["--gate=clip"]  # the gate the study started from, named so that a change of default cannot change it
+AT_ONE = ["--gate_init=1"]  # the init these runs had before the default moved inside the clip
 # Labels name run directories and files: letters, digits, _ and . only.
 PRESETS = dict(
     cpu=Preset(["--device=cpu"], each(*TOPOLOGIES)),
@@ -72,10 +74,10 @@ PRESETS = dict(
         **each("residual", "ihc"),
         "gated_ihc": ["--residual=gated_ihc"] + CLIP,  # norm_gated_ihc with c_max = 1: no amplification
         "norm_gated_ihc": NORM_GATED + CLIP,
-        "norm_gated_ihc.hard_sigmoid": NORM_GATED + ["--gate=hard_sigmoid"],  # clip's forward, true gradient
-        "norm_gated_ihc.stretched_sigmoid": NORM_GATED + ["--gate=stretched_sigmoid"],
+        "norm_gated_ihc.hard_sigmoid": NORM_GATED + ["--gate=hard_sigmoid"] + AT_ONE,  # clip's forward, true gradient
+        "norm_gated_ihc.stretched_sigmoid": NORM_GATED + ["--gate=stretched_sigmoid"] + AT_ONE,
         "norm_gated_ihc.binary": NORM_GATED + ["--gate=binary"],
-        "norm_gated_ihc.hard_concrete": NORM_GATED + ["--gate=hard_concrete"],
+        "norm_gated_ihc.hard_concrete": NORM_GATED + ["--gate=hard_concrete"] + AT_ONE,
         "norm_gated_ihc.init0.9": NORM_GATED + CLIP + ["--gate_init=0.9"],  # inside the clip, not on its edge
         "norm_gated_ihc.static": NORM_GATED + CLIP + ["--alpha_init=0"],  # static coefficients: no dynamic part
         "norm_gated_ihc.deviations": NORM_GATED + CLIP + ["--gate_deviations=True"],
@@ -84,8 +86,8 @@ PRESETS = dict(
     # half its iterations; the gated topologies with the gate the gates preset chose, and with clip
     depth=Preset(["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4", "--max_iters=1000"], {
         **each("residual", "hc", "mhc", "mhc_lite", "ihc"),
-        "mean_gated_ihc": ["--residual=mean_gated_ihc", "--gate=stretched_sigmoid"],
-        "norm_gated_ihc": NORM_GATED + ["--gate=stretched_sigmoid"],
+        "mean_gated_ihc": ["--residual=mean_gated_ihc", "--gate=stretched_sigmoid"] + AT_ONE,
+        "norm_gated_ihc": NORM_GATED + ["--gate=stretched_sigmoid"] + AT_ONE,
         "norm_gated_ihc.clip": NORM_GATED + CLIP,
     }),
 )
@@ -98,6 +100,7 @@ jobs = 0  # runs at a time; 0: one per CPU core on the CPU presets, 1 on gpu
 runs_dir = ""  # "" means compare-<preset>
 results_dir = ""  # "" means results/<preset>
 train = True  # False: only redraw the table and plots from <results_dir>/metrics
+progress = "auto"  # auto: a bar if stderr is a terminal, else a line per finished run (as train.py); bar; lines
 configure(globals())
 
 if preset not in PRESETS:
@@ -113,6 +116,9 @@ except ValueError:
     fail(f"--seeds={seeds}: expected comma-separated integers, e.g. 1337,1338,1339")
 if len(set(seed_list)) != len(seed_list):
     fail(f"--seeds={seeds}: a seed is listed twice")
+if progress not in ("auto", "bar", "lines"):
+    fail(f"--progress={progress}: choose one of auto, bar, lines")
+progress = ("bar" if sys.stderr.isatty() else "lines") if progress == "auto" else progress
 if jobs < 0:
     fail(f"--jobs={jobs}: expected 0 (automatic) or a positive number of runs at a time")
 on_cpu = "--device=cpu" in PRESET.args
@@ -188,7 +194,8 @@ def train_all():
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    with tqdm(total=len(pending), desc="runs", unit="run", dynamic_ncols=True) as bar:
+    total, finished, started = len(pending), 0, time.time()
+    with tqdm(total=total, desc="runs", unit="run", dynamic_ncols=True, disable=progress != "bar") as bar:
         while pending or running:
             while pending and len(running) < jobs:
                 out_dir, arguments, resume = pending.pop(0)
@@ -208,9 +215,14 @@ def train_all():
                 if process.returncode == 0:
                     write_run_info(out_dir, arguments, finished=True)
                     bar.update(1)
+                    finished += 1
+                    if progress == "lines":
+                        print(f"run {finished} of {total} finished: {os.path.basename(out_dir)} "
+                              f"({(time.time() - started) / 60:.1f} min into this call)", flush=True)
                 else:  # a failure, or a signal (exit 130/143): start nothing new, let the others save
                     stopped.append(f"{out_dir} (exit {process.returncode}: {last_line(out_dir)})")
                     pending.clear()
+    calls = record_call(time.time() - started)
     if stopped:
         print(f"error: {len(stopped)} run(s) stopped before the end: {'; '.join(stopped)}. "
               f"Rerun the same command to resume", file=sys.stderr)
@@ -219,6 +231,23 @@ def train_all():
     for label, seed in runs:
         shutil.copyfile(os.path.join(run_dir(label, seed), "metrics.jsonl"),
                         os.path.join(metrics_dir, run_name(label, seed) + ".jsonl"))
+    with open(os.path.join(results_dir, "run.json"), "w") as f:  # the study's record: --train=False keeps it
+        json.dump(dict(calls=calls, jobs=jobs, machine=f"{platform.machine()}, {os.cpu_count()} cores, "
+                       f"{platform.system()}, Python {platform.python_version()}, torch {torch.__version__}",
+                       runs={run_name(*run): train_arguments(*run) for run in runs}), f, indent=1)
+
+
+def record_call(seconds):
+    """Append this call (its command and minutes) to <runs_dir>/calls.json and return
+    every call so far: a study resumed over several calls keeps each call's time."""
+    os.makedirs(runs_dir, exist_ok=True)
+    path = os.path.join(runs_dir, "calls.json")
+    calls = json.load(open(path)) if os.path.exists(path) else []
+    calls.append(dict(command=shlex.join(["python", *sys.argv]), minutes=round(seconds / 60, 1)))
+    with open(path + ".tmp", "w") as f:
+        json.dump(calls, f)
+    os.replace(path + ".tmp", path)
+    return calls
 
 
 # --- the report ----------------------------------------------------------------
@@ -249,6 +278,54 @@ def mean_std(values):
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def t_within(t, dof):
+    """P(|T| <= t) for Student's t with an integer number of degrees of freedom, exactly:
+    the finite series in cos(theta), theta = atan(t / sqrt(dof)) (Abramowitz and Stegun
+    26.7.3-4), so no statistics library is needed for a few seeds."""
+    theta = math.atan(abs(t) / math.sqrt(dof))
+    c2, term, series = math.cos(theta) ** 2, 1.0, 1.0
+    if dof % 2 == 0:  # sin(theta) (1 + c2/2 + 1*3/(2*4) c2^2 + ...), dof/2 terms
+        for k in range(1, dof // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            series += term
+        return math.sin(theta) * series
+    if dof == 1:
+        return 2 * theta / math.pi
+    for k in range(1, (dof - 1) // 2):  # (2/pi) (theta + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...))
+        term *= c2 * (2 * k) / (2 * k + 1)
+        series += term
+    return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * series)
+
+
+def t_quantile(level, dof):
+    """The t with P(|T| <= t) = level, by bisection (t_within grows with t)."""
+    low, high = 0.0, 1.0
+    while t_within(high, dof) < level:
+        high *= 2
+    for _ in range(100):
+        low, high = (low, (low + high) / 2) if t_within((low + high) / 2, dof) >= level else ((low + high) / 2, high)
+    return (low + high) / 2
+
+
+class Paired(NamedTuple):
+    """A variant's final loss minus a baseline's at the same seed, over the seeds."""
+    mean: float
+    low: float  # the 95% confidence interval of the mean difference (Student's t, n - 1 dof)
+    high: float
+    p: float  # two-sided paired t-test of a zero mean difference; nan for one seed or all equal
+    signs: str  # per seed: - (the variant lower), + (higher), 0 (equal)
+
+
+def paired(differences):
+    mean, std = mean_std(differences)
+    signs = "".join("-" if d < 0 else "+" if d > 0 else "0" for d in differences)
+    n = len(differences)
+    if n < 2 or std == 0:
+        return Paired(mean, mean, mean, math.nan, signs)
+    half = t_quantile(0.95, n - 1) * std / math.sqrt(n)
+    return Paired(mean, mean - half, mean + half, 1 - t_within(mean / (std / math.sqrt(n)), n - 1), signs)
+
+
 def summarize(curves, progress):
     """One row per variant: final and best val loss over seeds, the final val loss
     minus the residual's (and the ihc's) at the same seed, training speed, the
@@ -270,8 +347,8 @@ def summarize(curves, progress):
                            minutes=statistics.mean(rows_[-1]["elapsed_s"] for rows_ in seed_rows) / 60)
         for base in PRESET.baselines:
             if base in curves:
-                rows[label][f"vs_{base}"] = mean_std([final - base_rows[-1]["val_loss"]
-                                                      for final, base_rows in zip(finals, curves[base])])
+                rows[label][f"vs_{base}"] = paired([final - base_rows[-1]["val_loss"]
+                                                    for final, base_rows in zip(finals, curves[base])])
         if has(progress[label], "grad_norm_max"):
             rows[label]["grad_norm_max"] = statistics.mean(max(r["grad_norm_max"] for r in rows_)
                                                            for rows_ in progress[label])
@@ -280,20 +357,27 @@ def summarize(curves, progress):
 
 def table(rows):
     base = rows["residual"]["tokens_per_sec"] if "residual" in rows else None
-    paired = [name for name in PRESET.baselines if name in rows]
+    baselines = [name for name in PRESET.baselines if name in rows]
     grad = all("grad_norm_max" in row for row in rows.values())
-    columns = ["variant", "final val loss", "best val loss"] + [f"final minus {name}'s, same seed" for name in paired]
+    columns = ["variant", "final val loss", "best val loss"] + [f"minus {name}'s: mean [95% CI], p, signs"
+                                                                for name in baselines]
     columns += ["tokens/s vs residual" if base else "tokens/s", "max gain fwd / bwd"]
     columns += (["max grad norm"] if grad else []) + ["min per run"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for label, row in rows.items():
         cells = [f"`{label}`", "{:.4f} ± {:.4f}".format(*row["final"]), "{:.4f} ± {:.4f}".format(*row["best"])]
-        cells += ["{:+.4f} ± {:.4f}".format(*row[f"vs_{name}"]) for name in paired]
+        cells += [paired_cell(row[f"vs_{name}"]) if label != name else "" for name in baselines]
         cells += [f"{row['tokens_per_sec'] / base:.2f}x" if base else f"{row['tokens_per_sec']:,.0f}"]
         cells += [f"{row['gain_forward']:.3f} / {row['gain_backward']:.3f}"]
         cells += ([f"{row['grad_norm_max']:.2f}"] if grad else []) + [f"{row['minutes']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def paired_cell(d):
+    """-0.0343 [-0.0495, -0.0191], p 0.010, ---"""
+    p = "p n/a" if math.isnan(d.p) else f"p {d.p:.3f}" if d.p >= 0.001 else "p < 0.001"
+    return f"{d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}], {p}, {d.signs}"
 
 
 def mean_curve(seed_rows, key):
@@ -406,7 +490,7 @@ def plot_gates(curves, colors, path):
     return True
 
 
-def report(wall_s):
+def report():
     curves, progress = load_metrics()
     if len({len(rows_) for seed_rows in curves.values() for rows_ in seed_rows}) != 1:
         fail(f"the runs in {metrics_dir} have different numbers of evaluations: train them with the same settings")
@@ -416,13 +500,7 @@ def report(wall_s):
         ("val_loss.png", "validation loss", plot_val_loss, curves), ("gain.png", "composite gain", plot_gain, curves),
         ("grad_norm.png", "gradient norm", plot_grad_norm, progress), ("gates.png", "gates", plot_gates, curves),
     ] if draw(data, colors, os.path.join(results_dir, name))]
-    run_info_path = os.path.join(results_dir, "run.json")
-    if wall_s is not None:
-        with open(run_info_path, "w") as f:
-            json.dump(dict(command=shlex.join(["python", *sys.argv]), wall_minutes=round(wall_s / 60, 1), jobs=jobs,
-                           machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
-                                   f"Python {platform.python_version()}, torch {torch.__version__}"), f)
-    info = json.load(open(run_info_path)) if os.path.exists(run_info_path) else None
+    info = study_record()
     shown_args = [os.path.relpath(arg, HERE) if arg.startswith(HERE) else arg
                   for arg in PRESET.args + shlex.split(train_args)]
     text = [f"# Residual topologies compared ({preset} preset)", "",
@@ -430,22 +508,63 @@ def report(wall_s):
             f"seeds {', '.join(map(str, seed_list))}. Variants: "
             + ", ".join(f"`{label}` (`{shlex.join(PRESET.variants[label])}`)" for label in labels) + "."]
     if info:
-        text[-1] += (f" Command: `{info['command']}`, {info['jobs']} run(s) at a time; wall time of its last "
-                     f"call {info['wall_minutes']} min on {info['machine']}. tokens/s: over the whole run, with "
-                     f"{info['jobs']} run(s) sharing the machine (`python bench.py` times the topologies under "
-                     f"equal conditions).")
+        calls = info.get("calls") or [dict(command=info["command"], minutes=info["wall_minutes"])]
+        made = " then ".join(f"`{call['command']}` ({call['minutes']} min)" for call in calls)
+        text[-1] += (f" Made by {made}, {info['jobs']} run(s) at a time on {info['machine']}. tokens/s: over the "
+                     f"whole run, with {info['jobs']} run(s) sharing the machine (`python bench.py` times the "
+                     f"topologies under equal conditions).")
     text += ["", "Loss: mean ± standard deviation over the seeds (final: the last evaluation). A seed fixes the "
-             "initialization, the batch order and the evaluation batches, the same for every variant, so "
-             "\"final minus residual's\" (per seed, then mean ± std; ihc's likewise) is the sharper comparison. "
-             "Max grad norm: the largest global gradient norm before clipping in a run, mean over seeds.", "",
-             table(rows), ""]
+             "initialization, the batch order and the evaluation batches, the same for every variant, so the "
+             "final loss minus a baseline's at the same seed is the sharper comparison: its mean over the seeds, "
+             "the 95% confidence interval of that mean (Student's t), the two-sided paired t-test's p, and each "
+             "seed's sign (-: the variant's loss is the lower). A difference whose interval holds 0 is within "
+             "noise, whatever its signs. Max grad norm: the largest global gradient norm before clipping in a "
+             "run, mean over seeds.", "", table(rows), ""]
     text += [line for plot in plots for line in (plot, "")]
     with open(os.path.join(results_dir, "results.md"), "w") as f:
         f.write("\n".join(text))
+    update_results_readme(table(rows))
     print(table(rows))
     print(f"wrote {results_dir}/results.md and the plots")
 
-start = time.time()
+
+def study_record():
+    """<results_dir>/run.json as train_all wrote it. Its runs must be this report's: a
+    results folder trained with other arguments is an error, never a mislabelled table.
+    (Studies recorded before run.json listed the runs hold only the last call.)"""
+    path = os.path.join(results_dir, "run.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        info = json.load(f)
+    if "runs" in info:
+        differ = [run_name(*run) for run in runs if info["runs"].get(run_name(*run)) != train_arguments(*run)]
+        if differ:
+            fail(f"{path}: {', '.join(differ)} were trained with other arguments than --preset={preset} gives "
+                 f"now; train them again (delete {metrics_dir}) or redraw with the settings they had")
+    return info
+
+
+def update_results_readme(table_text):
+    """The table in the README beside results_dir (results/README.md), between its
+    marker lines for this folder, if it has them: that page quotes compare.py's
+    tables, never numbers typed by hand."""
+    path = os.path.join(os.path.dirname(os.path.abspath(results_dir)), "README.md")
+    begin, end = f"<!-- compare.py table: {os.path.basename(os.path.normpath(results_dir))} -->", "<!-- end of table -->"
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        text = f.read()
+    if begin not in text:
+        return
+    head, rest = text.split(begin, 1)
+    if end not in rest:
+        fail(f"{path}: the line {begin} has no {end} after it")
+    with open(path + ".tmp", "w") as f:
+        f.write(head + begin + "\n" + table_text + "\n" + end + rest.split(end, 1)[1])
+    os.replace(path + ".tmp", path)
+
+
 if train:
     train_all()
-report(time.time() - start if train else None)
+report()

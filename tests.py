@@ -12,6 +12,7 @@ Triton's interpreter), compare.py, bench.py.
 import json
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -36,7 +37,7 @@ except ModuleNotFoundError as e:  # no triton (macOS, Windows): its tests skip, 
 import residuals
 import theory
 from model import GPT, GPTConfig, stream_ops
-from prepare import DATA_DIR, get_batch, gpt2_tokenizer, prepare_dataset
+from prepare import DATA_DIR, get_batch, gpt2_tokenizer, prepare_dataset, write_atomically
 from residuals import TOPOLOGIES
 from theory import DT
 
@@ -624,6 +625,21 @@ def test_prepare_token_counts_match_nanogpt():
         assert pickle.load(f)["vocab_size"] == 65
 
 
+def test_two_processes_writing_the_same_dataset_file_both_succeed(tmp_path):
+    """gpu_check.sh starts two test runs on a fresh clone, and each prepares the data:
+    the second writer starts and finishes while the first is half-way through its
+    file. Both succeed, the file is whole, no temporary file is left."""
+    path = tmp_path / "train.bin"
+
+    def first(f):
+        f.write(b"to be")
+        write_atomically(str(path), lambda g: g.write(b"to be or not"))  # the other process, start to end
+        f.write(b" or not")
+
+    write_atomically(str(path), first)
+    assert path.read_bytes() == b"to be or not" and os.listdir(tmp_path) == ["train.bin"]
+
+
 def test_batches_are_windows_of_the_data_and_their_next_tokens():
     data = np.arange(1000, dtype=np.uint16)  # token i at offset i: a window is a run of consecutive numbers
     x, y = get_batch(data, 64, 16, torch.Generator().manual_seed(0))
@@ -1175,10 +1191,12 @@ def test_stream_ops_expanded_state(mix, impl):
 
 
 @IMPLS
-def test_stream_ops_several_channel_blocks(impl):
+@pytest.mark.parametrize("n", [3, 8])
+def test_stream_ops_several_channel_blocks(impl, n):
     """C = 300 spans two of the Triton kernels' channel blocks: the forward's 2D grid
-    and the backward's loop over chunks, with a ragged last chunk."""
-    inputs = stream_inputs(3, "full", torch.float32, width=300)
+    and the backward's loop over chunks, with a ragged last chunk (n = 8: the
+    backward's 64-channel chunks, one token per warp)."""
+    inputs = stream_inputs(n, "full", torch.float32, width=300)
     check_against_reference(impl, "stream_read", dict(h=inputs["h"], pre=inputs["post"]), 1e-5)
     check_against_reference(impl, "stream_write", inputs, 1e-5)
 
@@ -1346,39 +1364,101 @@ def test_triton_unavailable_is_an_error(monkeypatch):
         kernels.stream_read(torch.randn(1, 2, 4, 8), torch.rand(1, 2, 4))
 
 
+# Compiles kernels for a GPU without one, in a subprocess (compiled, not interpreted):
+# triton.compile with a GPUTarget, the specialization a launch at the model's sizes
+# gets (16-byte aligned pointers, N and C multiples of 16), the launchers' own
+# constexprs (kernels._sinkhorn_meta, kernels._stream_shape) and the model's dtypes
+# under bf16 autocast; then cuobjdump, which triton's wheel ships beside ptxas, reads
+# each cubin's registers per thread and its stack (where spilled registers go).
+# Prints one line per kernel. argv: the n to compile, the archs, worker processes.
 COMPILE_FOR_GPU = """
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
 import kernels as K
 
-def compile(fn, **constexprs):
-    types = {"n": "constexpr", "MIX": "constexpr", "N": "i32", "C": "i32"}
-    sig = {a: "constexpr" if a in constexprs else types.get(a, "*bf16") for a in fn.arg_names}
-    triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32))
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+BF16 = ("y_ptr", "dy_ptr")  # the sublayer output y and its gradient: bf16 under autocast; the rest float32
 
-blocks = dict(BLOCK_T=4, BLOCK_C=64)
-compile(K._sinkhorn_fwd_kernel, n=3, NP=4, ITERS=3, BLOCK_M=32)
-compile(K._sinkhorn_bwd_kernel, n=3, NP=4, ITERS=3, BLOCK_M=32)
-compile(K._stream_read_fwd_kernel, n=3, **blocks)
-compile(K._stream_read_bwd_kernel, n=3, **blocks)
-for mix in (K.MIX_IDENTITY, K.MIX_DIAGONAL, K.MIX_FULL):
-    none = dict(mix_ptr=None) if mix == K.MIX_IDENTITY else {}
-    compile(K._stream_write_fwd_kernel, n=3, MIX=mix, **none, **blocks)
-    compile(K._stream_write_bwd_kernel, n=3, MIX=mix, **none, **(dict(dh_ptr=None, dmix_ptr=None) if none else {}), **blocks)
+
+def jobs(ns, archs):
+    # (arch, label, kernel name, constexprs) for every kernel at the launchers' constexprs
+    for arch in archs:
+        for n in ns:
+            sinkhorn = K._sinkhorn_meta(n, 20)
+            yield arch, f"sinkhorn fwd n={n}", "_sinkhorn_fwd_kernel", sinkhorn
+            yield arch, f"sinkhorn bwd n={n}", "_sinkhorn_bwd_kernel", sinkhorn
+            h = torch.empty(64 * 1024, n, 768, device="meta")  # the model's tokens, n, C
+            fwd, bwd = K._stream_shape(h)[3], K._stream_shape(h, backward=True)[3]
+            yield arch, f"read fwd n={n}", "_stream_read_fwd_kernel", dict(n=n, **fwd)
+            yield arch, f"read bwd n={n}", "_stream_read_bwd_kernel", dict(n=n, **bwd)
+            for mix, name in ((K.MIX_IDENTITY, "identity"), (K.MIX_DIAGONAL, "diagonal"), (K.MIX_FULL, "full")):
+                none = dict(mix_ptr=None) if mix == K.MIX_IDENTITY else {}
+                yield arch, f"write fwd {name} n={n}", "_stream_write_fwd_kernel", dict(n=n, MIX=mix.value, **none, **fwd)
+                none_bwd = dict(none, dh_ptr=None, dmix_ptr=None) if none else {}
+                yield arch, f"write bwd {name} n={n}", "_stream_write_bwd_kernel", dict(n=n, MIX=mix.value, **none_bwd, **bwd)
+
+
+def usage(job):
+    arch, label, name, constexprs = job
+    fn = getattr(K, name)
+    # as a launch at the model's sizes specializes: pointers 16-byte aligned, N and C multiples of 16
+    sig = {a: "constexpr" if a in constexprs else "i32" if a in ("N", "C") else "*bf16" if a in BF16 else "*fp32"
+           for a in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a not in constexprs}
+    start = time.time()
+    compiled = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", arch, 32))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        res = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    fields = dict(kv.split(":") for kv in next(l for l in res.splitlines() if "REG:" in l).split() if ":" in kv)
+    return f"sm_{arch} {label}: {fields['REG']} registers, {fields['STACK']} B stack, {fields['LOCAL']} B local, {time.time() - start:.1f}s"
+
+
+ns, archs, workers = eval(sys.argv[1]), eval(sys.argv[2]), int(sys.argv[3])
+with ProcessPoolExecutor(workers) as pool:
+    for line in pool.map(usage, list(jobs(ns, archs))):
+        print(line, flush=True)
 """
+COMPILE_LINE = re.compile(r"sm_(\d+) (.+) n=(\d+): (\d+) registers, (\d+) B stack, (\d+) B local")
+
+
+def compile_for_gpu(ns, archs, workers=2):
+    """{(arch, kernel, n): (registers, stack bytes, local bytes)} for every kernel."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU, repr(list(ns)), repr(list(archs)), str(workers)],
+                            env=env, capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [COMPILE_LINE.match(line).groups() for line in result.stdout.splitlines()]
+    return {(int(a), kernel, int(n)): tuple(map(int, usage)) for a, kernel, n, *usage in rows}
 
 
 @needs_triton
-def test_kernels_compile_for_gpu():
+@pytest.mark.parametrize("arch, ns", [(90, range(2, 9)), (80, (4, 8))], ids=["sm_90", "sm_80"])
+def test_kernels_compile_for_gpu_without_spills(arch, ns):
     """The interpreter runs any Python; the GPU compiler accepts less (an index
-    computed by a conditional expression once passed there and failed here).
-    Compile every kernel for an H100/H200 (sm_90) down to machine code with the
-    ptxas that triton ships: no GPU needed."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU], env=env, capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__)))
-    assert result.returncode == 0, result.stderr[-3000:]
+    computed by a conditional expression once passed there and failed here), and
+    only it shows a kernel that runs out of registers: past 255 per thread ptxas
+    spills to local memory, a stack frame that every spilled value makes a round
+    trip through. Every kernel, at the model's constexprs and dtypes, for an
+    H100/H200 (sm_90) at every n = 2..8 and for an A100 (sm_80) at the default n = 4
+    and the largest, n = 8 (the full sweep of both takes ~125 s on one core; sm_80 at
+    every n was measured free of spills too, see kernels.py)."""
+    usage = compile_for_gpu(ns, [arch])
+    assert len(usage) == 10 * len(ns), usage
+    spilled = {key: u for key, u in usage.items() if u[1] or u[2]}
+    assert not spilled, f"kernels that spill (registers, stack B, local B): {spilled}"
+    assert max(u[0] for u in usage.values()) < 255, usage
 
 
 # =============================================================================

@@ -116,8 +116,8 @@ def outputs_and_gradients(fn, inputs, constants, used=None, expand=None, seed=0)
     args = {k: v.expand(expand[k]) if expand and k in expand else v for k, v in leaves.items()}
     out = fn(**args, **constants)
     outs = out if isinstance(out, tuple) else (out,)
-    gen = torch.Generator().manual_seed(seed)
-    upstream = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device) for o in outs]
+    gen = torch.Generator(outs[0].device).manual_seed(seed)  # drawn where the outputs are: on a GPU, not the CPU
+    upstream = [torch.randn(o.shape, generator=gen, dtype=torch.float64, device=o.device) for o in outs]
     loss = sum((o.double() * u).sum() for k, (o, u) in enumerate(zip(outs, upstream)) if used is None or k in used)
     wrt = [k for k, v in leaves.items() if v is not None]
     grads = torch.autograd.grad(loss, [leaves[k] for k in wrt], allow_unused=True)
@@ -1602,6 +1602,47 @@ def test_bench_profile_names_where_the_time_goes():
 #     TRITON_INTERPRET=0 python -m pytest tests.py -k gpu
 # With GPU_TESTS_ON_CPU=1 the same tests run on the CPU in the interpreter at tiny
 # sizes (minutes, not part of the CPU suite): break a kernel and watch them fail.
+
+# gpu_check.sh's verdicts, on stand-in tests.py and bench.py in a copy of the script:
+# a test that passes, one that skips, one that waits for ever (the time-out is
+# forced, not raced: nothing can make it finish).
+STAND_IN_TESTS = """
+import threading
+import pytest
+
+def test_gpu_passes():
+    pass
+
+def test_gpu_skips():
+    pytest.skip("no GPU")
+
+def test_gpu_waits_for_ever():
+    threading.Event().wait()
+"""
+
+
+@pytest.mark.parametrize("kernels_k, verdict", [
+    ("passes", "pass (1 passed, 0 failed, 0 skipped)"),
+    ("skips", "FAIL (nothing ran: 0 passed, 0 failed, 1 skipped)"),
+    ("passes or skips", "FAIL (some skipped: 1 passed, 0 failed, 1 skipped)"),
+    ("nothing_has_this_name", "FAIL (nothing ran: 0 passed, 0 failed, 0 skipped)"),
+    ("passes or waits", "FAIL (timed out after 10s; finished: 1 passed, 0 failed, 0 skipped)")])
+def test_gpu_check_names_every_verdict(kernels_k, verdict, tmp_path):
+    for name in ("gpu_check.sh", "configurator.py"):
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    (tmp_path / "tests.py").write_text(STAND_IN_TESTS)
+    (tmp_path / "bench.py").write_text("print('| op | GB/s |')\n")
+    env = dict(os.environ, GPU_TESTS_ON_CPU="1", OUT=str(tmp_path / "out"), GPU_CHECK_KERNELS_K=kernels_k,
+               GPU_CHECK_TRAINING_K="passes", GPU_CHECK_TESTS_S="10", GPU_CHECK_BENCH_ARGS="")
+    result = subprocess.run(["bash", str(tmp_path / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                            cwd=tmp_path, timeout=300)
+    summary = result.stdout
+    assert f"kernel tests    {verdict}" in summary, summary + result.stderr
+    assert "training tests  pass (1 passed" in summary and "bench           pass" in summary, summary
+    assert result.returncode == (0 if verdict.startswith("pass") else 1), summary
+    if "timed out" in verdict:  # the finished test is listed by name
+        assert "tests.py::test_gpu_passes PASSED" in summary, summary
+
 
 GPU_ON_CPU = os.environ.get("GPU_TESTS_ON_CPU") == "1"
 GPU_DEVICE = "cpu" if GPU_ON_CPU else "cuda"

@@ -56,8 +56,9 @@ kernels_k=${GPU_CHECK_KERNELS_K:-"gpu and not training and not compiled"}
 training_k=${GPU_CHECK_TRAINING_K:-"gpu and (training or compiled)"}
 tests_cap=${GPU_CHECK_TESTS_S:-330}
 bench_cap=${GPU_CHECK_BENCH_S:-120}
-bench_args=${GPU_CHECK_BENCH_ARGS:-"--device=cuda"}
-interpret=0; [ "$dry" = 1 ] && interpret=1
+interpret=0; bench_default="--device=cuda"
+[ "$dry" = 1 ] && interpret=1 && bench_default="--device=cpu --warmup=1 --rounds=1"  # no GPU tables without a GPU
+bench_args=${GPU_CHECK_BENCH_ARGS-$bench_default}
 
 tests() {  # NAME, -k expression: tests-NAME.txt (pytest -v, a line per test as it ends) and tests-NAME.verdict
     local start=$(date +%s) rc counts verdict

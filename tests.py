@@ -106,18 +106,25 @@ def stream_inputs(n, mix=None, dtype=torch.float64, y_dtype=None, width=C, seed=
                 y=y.to(y_dtype or dtype))
 
 
-def outputs_and_gradients(fn, inputs, constants, used=None, expand=None, seed=0):
+def upstream_gradients(outs, seed=0):
+    """Random float64 upstream gradients for outputs outs, drawn where the outputs are
+    (on a GPU, not on the CPU): the same for the same seed, shapes and device."""
+    gen = torch.Generator(outs[0].device).manual_seed(seed)
+    return [torch.randn(o.shape, generator=gen, dtype=torch.float64, device=o.device) for o in outs]
+
+
+def outputs_and_gradients(fn, inputs, constants, used=None, expand=None, seed=0, upstream=None):
     """fn(**inputs, **constants) and the gradient, for every tensor in inputs, of
     sum_k <out_k, u_k> with random upstream gradients u_k (the same for the same
     seed and shapes) over the outputs listed in `used` (default: all).
     expand={name: shape}: that input is handed to fn expand()ed to shape (a stride-0
-    view, as the model's first layer hands h, the embedding copied to n streams)."""
+    view, as the model's first layer hands h, the embedding copied to n streams).
+    upstream: given upstream gradients instead of drawn ones."""
     leaves = {k: None if v is None else v.detach().clone().requires_grad_() for k, v in inputs.items()}
     args = {k: v.expand(expand[k]) if expand and k in expand else v for k, v in leaves.items()}
     out = fn(**args, **constants)
     outs = out if isinstance(out, tuple) else (out,)
-    gen = torch.Generator(outs[0].device).manual_seed(seed)  # drawn where the outputs are: on a GPU, not the CPU
-    upstream = [torch.randn(o.shape, generator=gen, dtype=torch.float64, device=o.device) for o in outs]
+    upstream = upstream_gradients(outs, seed) if upstream is None else upstream
     loss = sum((o.double() * u).sum() for k, (o, u) in enumerate(zip(outs, upstream)) if used is None or k in used)
     wrt = [k for k, v in leaves.items() if v is not None]
     grads = torch.autograd.grad(loss, [leaves[k] for k in wrt], allow_unused=True)
@@ -143,15 +150,27 @@ def implementation(impl):
     return stream_ops(impl)
 
 
-def check_against_reference(impl, op, inputs, tol, constants={}, used=None, expand=None, floor=0.0):
+def check_against_reference(impl, op, inputs, tol, constants={}, used=None, expand=None, floor=0.0, chunk=None):
     """impl's op (through model.stream_ops, the model's own switch) against
     residuals.py's, run in float64 on the same values: every output, and the
     gradient of every tensor input, each in its input's dtype. tol: one relative
-    RMS error for all, or one per dtype of the tensor compared."""
+    RMS error for all, or one per dtype of the tensor compared. chunk: run the
+    reference on that many rows of the inputs' first dimension at a time, with the
+    matching rows of the same upstream gradients (the float64 full mix at n = 8 and
+    64 x 1024 tokens would hold ~70 GB at once)."""
     outs, grads = outputs_and_gradients(getattr(implementation(impl), op), inputs, constants, used, expand)
-    inputs64 = {k: None if v is None else v.double() for k, v in inputs.items()}
+    inputs64 = {k: None if v is None else v.double() for k, v in inputs.items()} if chunk is None else None
     constants64 = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in constants.items()}
-    refs, ref_grads = outputs_and_gradients(getattr(residuals, op), inputs64, constants64, used, expand)
+    if chunk is None:
+        refs, ref_grads = outputs_and_gradients(getattr(residuals, op), inputs64, constants64, used, expand)
+    else:
+        upstream, rows = upstream_gradients(outs), next(v for v in inputs.values() if v is not None).shape[0]
+        parts = [outputs_and_gradients(getattr(residuals, op), {k: None if v is None else v[r:r + chunk].double()
+                                                                for k, v in inputs.items()},
+                                       constants64, used, upstream=[u[r:r + chunk] for u in upstream])
+                 for r in range(0, rows, chunk)]
+        refs = [torch.cat(part) for part in zip(*(outs_ for outs_, _ in parts))]
+        ref_grads = {k: torch.cat([grads_[k] for _, grads_ in parts]) for k in parts[0][1]}
     for k, (out, ref) in enumerate(zip(outs, refs, strict=True)):
         assert out.shape == ref.shape, f"{impl} {op} output {k}: shape {tuple(out.shape)}, not {tuple(ref.shape)}"
         assert_close(f"{impl} {op} output {k}", out, ref, tol[out.dtype] if isinstance(tol, dict) else tol, floor)
@@ -1650,6 +1669,7 @@ gpu = pytest.mark.skipif(
     kernels is None or not (GPU_ON_CPU or (torch.cuda.is_available() and not kernels.INTERPRETED)),
     reason="needs a CUDA GPU and TRITON_INTERPRET=0 (or GPU_TESTS_ON_CPU=1: tiny sizes in the interpreter)")
 GPU_TOKENS = (3, 21) if GPU_ON_CPU else (64, 1024)  # (B, T)
+GPU_CHUNK = 1 if GPU_ON_CPU else 8  # batch rows per slice of the float64 reference: <= ~10 GB at n = 8, full mix
 GPU_C = 300 if GPU_ON_CPU else 768  # 300: two channel blocks, the second ragged
 # Relative RMS error against float64, by the dtype of the tensor compared. float32:
 # the kernels sum at most C = 768 products in float32 (unit roundoff 6e-8; a sum's
@@ -1691,7 +1711,7 @@ def gpu_inputs(op, n, dtypes, mix=None, seed=0):
 @pytest.mark.parametrize("n", range(2, 9))
 def test_gpu_stream_read_matches_float64(n, dtypes):
     gpu_poison()
-    check_against_reference("triton", "stream_read", gpu_inputs("stream_read", n, dtypes), GPU_TOL)
+    check_against_reference("triton", "stream_read", gpu_inputs("stream_read", n, dtypes), GPU_TOL, chunk=GPU_CHUNK)
 
 
 @gpu
@@ -1700,7 +1720,8 @@ def test_gpu_stream_read_matches_float64(n, dtypes):
 @pytest.mark.parametrize("n", range(2, 9))
 def test_gpu_stream_write_matches_float64(n, mix, dtypes):
     gpu_poison()
-    check_against_reference("triton", "stream_write", gpu_inputs("stream_write", n, dtypes, mix), GPU_TOL)
+    inputs = gpu_inputs("stream_write", n, dtypes, mix)
+    check_against_reference("triton", "stream_write", inputs, GPU_TOL, chunk=GPU_CHUNK)
 
 
 @gpu
@@ -1715,7 +1736,7 @@ def test_gpu_sinkhorn_matches_float64(n, scale, dtype):
     logits = (torch.randn(B, T, n, n, generator=torch.Generator(GPU_DEVICE).manual_seed(n), device=GPU_DEVICE)
               * scale).to(dtype)
     gpu_poison()
-    check_against_reference("triton", "sinkhorn", dict(logits=logits), GPU_TOL, floor=1e-3)
+    check_against_reference("triton", "sinkhorn", dict(logits=logits), GPU_TOL, floor=1e-3, chunk=GPU_CHUNK)
 
 
 @gpu

@@ -51,9 +51,10 @@ fi
   python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
   git rev-parse HEAD 2>/dev/null; date -u; } > "$out/env.txt" 2>&1
 
-# The stages' selections and caps; the dry-run test in tests.py narrows them.
-kernels_k=${GPU_CHECK_KERNELS_K:-"gpu and not training and not compiled"}
-training_k=${GPU_CHECK_TRAINING_K:-"gpu and (training or compiled)"}
+# The stages' selections (by name: every GPU test is test_gpu_*, and no other test's
+# name holds that) and caps; tests.py's test of this script narrows them.
+kernels_k=${GPU_CHECK_KERNELS_K:-"test_gpu_ and not training and not compiled"}
+training_k=${GPU_CHECK_TRAINING_K:-"test_gpu_ and (training or compiled)"}
 tests_cap=${GPU_CHECK_TESTS_S:-330}
 bench_cap=${GPU_CHECK_BENCH_S:-120}
 interpret=0; bench_default="--device=cuda"

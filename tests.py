@@ -20,7 +20,7 @@ import sys
 import time
 
 # Before triton is imported: the kernels run on the CPU. The GPU tests at the end
-# want them compiled: TRITON_INTERPRET=0 python -m pytest tests.py -k gpu
+# want them compiled: TRITON_INTERPRET=0 python -m pytest tests.py -k test_gpu_
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import numpy as np
@@ -1464,7 +1464,7 @@ def compile_for_gpu(ns, archs, workers=2):
 
 @needs_triton
 @pytest.mark.parametrize("arch, ns", [(90, range(2, 9)), (80, (4, 8))], ids=["sm_90", "sm_80"])
-def test_kernels_compile_for_gpu_without_spills(arch, ns):
+def test_kernels_compile_without_spills(arch, ns):
     """The interpreter runs any Python; the GPU compiler accepts less (an index
     computed by a conditional expression once passed there and failed here), and
     only it shows a kernel that runs out of registers: past 255 per thread ptxas
@@ -1618,7 +1618,7 @@ def test_bench_profile_names_where_the_time_goes():
 # 64 x 1024 tokens, n = 2..8), where the interpreter above cannot look: GPU
 # rounding (round-to-nearest bf16, approximate division and exp), reductions over
 # small tiles, determinism, torch.compile. bash gpu_check.sh runs them and bench.py:
-#     TRITON_INTERPRET=0 python -m pytest tests.py -k gpu
+#     TRITON_INTERPRET=0 python -m pytest tests.py -k test_gpu_
 # With GPU_TESTS_ON_CPU=1 the same tests run on the CPU in the interpreter at tiny
 # sizes (minutes, not part of the CPU suite): break a kernel and watch them fail.
 
@@ -1646,7 +1646,7 @@ def test_gpu_waits_for_ever():
     ("passes or skips", "FAIL (some skipped: 1 passed, 0 failed, 1 skipped)"),
     ("nothing_has_this_name", "FAIL (nothing ran: 0 passed, 0 failed, 0 skipped)"),
     ("passes or waits", "FAIL (timed out after 10s; finished: 1 passed, 0 failed, 0 skipped)")])
-def test_gpu_check_names_every_verdict(kernels_k, verdict, tmp_path):
+def test_check_script_names_every_verdict(kernels_k, verdict, tmp_path):
     for name in ("gpu_check.sh", "configurator.py"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     (tmp_path / "tests.py").write_text(STAND_IN_TESTS)

@@ -25,11 +25,14 @@ Every kernel loads in the tensor's dtype and casts to float32 at once (Triton's
 CPU interpreter also gets bf16 arithmetic wrong); it stores in the output's
 dtype. The tests check every output and gradient against the PyTorch reference
 on the CPU in that interpreter (TRITON_INTERPRET=1, set before triton is
-imported), and compile every kernel for sm_90; the benchmark times them on a GPU.
+imported), and compile every kernel for sm_90 and sm_80 at the model's constexprs
+and dtypes, with no spills (no GPU needed); the benchmark times them on a GPU.
 
 Dimension legend: B batch, T time, n streams, C channels per stream, N = B*T
 tokens (or matrices); NP = n padded to a power of two.
 """
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -49,6 +52,12 @@ def check_triton_available(device="cuda"):
                            "TRITON_INTERPRET=1 before importing triton to run them (slowly) on the CPU")
     if torch.device(device).type != "cuda":
         raise RuntimeError(f"the Triton kernels run on CUDA tensors, got a tensor on '{device}'")
+
+
+def _on_device_of(t):
+    """Launch under t's device: Triton launches on the current CUDA device, which need
+    not be the tensor's (--device=cuda:1)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 # -----------------------------------------------------------------------------
@@ -157,27 +166,37 @@ def _sinkhorn_bwd_kernel(
     tl.store(grad_in_ptr + offsets, G.to(grad_in_ptr.dtype.element_ty), mask=mask)
 
 
-# Elements of a (BLOCK_M, NP, NP) tile: 4 per thread at 4 warps. At iters = 20 the
-# backward then holds ~220 registers per thread (the sums, M, G, A) without spilling.
-SINKHORN_TILE = 512
+# Elements of a (BLOCK_M, NP, NP) tile: 2 per thread at 4 warps. A thread holds a
+# row sum per row and a column sum per column of its elements for each of the
+# 2 * (iters - 1) steps, so the tile sets the backward's registers: at iters = 20,
+# 128 at n <= 4 and 176 at n = 5..8 (512 elements, 4 per thread, took 219 at n = 4
+# and 255 plus 304 bytes of spills at n = 5 and 7).
+SINKHORN_TILE = 256
+
+
+def _sinkhorn_meta(n, iters):
+    """The constexprs of both Sinkhorn kernels for n x n matrices."""
+    NP = triton.next_power_of_2(n)
+    return dict(n=n, NP=NP, ITERS=iters, BLOCK_M=SINKHORN_TILE // (NP * NP))
 
 
 def _sinkhorn_launch(logits, iters, grad_out=None):
-    """Forward: (..., n, n) float32 matrices. With grad_out: d logits, logits' dtype."""
+    """Forward: (..., n, n) float32 matrices. With grad_out: d logits, logits' dtype.
+    Registers per thread at n = 4, iters = 20 (sm_90 / sm_80, no spills): forward 16 / 16,
+    backward 128 / 128 (at most 176 for n = 2..8: tests.py's compile test)."""
     n = logits.shape[-1]
     assert logits.shape[-2] == n, f"sinkhorn needs square matrices, got {tuple(logits.shape)}"
     logits = logits.contiguous()
     N = logits.numel() // (n * n)
-    NP = triton.next_power_of_2(n)
-    BLOCK_M = SINKHORN_TILE // (NP * NP)
-    grid = (triton.cdiv(N, BLOCK_M),)
-    meta = dict(n=n, NP=NP, ITERS=iters, BLOCK_M=BLOCK_M)
-    if grad_out is None:
-        out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-        _sinkhorn_fwd_kernel[grid](logits, out, N, **meta)
-    else:
-        out = torch.empty_like(logits)
-        _sinkhorn_bwd_kernel[grid](logits, grad_out.contiguous(), out, N, **meta)
+    meta = _sinkhorn_meta(n, iters)
+    grid = (triton.cdiv(N, meta["BLOCK_M"]),)
+    with _on_device_of(logits):
+        if grad_out is None:
+            out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+            _sinkhorn_fwd_kernel[grid](logits, out, N, **meta)
+        else:
+            out = torch.empty_like(logits)
+            _sinkhorn_bwd_kernel[grid](logits, grad_out.contiguous(), out, N, **meta)
     return out
 
 
@@ -245,13 +264,25 @@ def sinkhorn(logits, iters=20):
 STREAM_BLOCK_C = 256  # channels per tile: 512-byte rows in bf16
 STREAM_TILE = 4096  # state elements per program, BLOCK_T * n * BLOCK_C: at n = 4 and 4 warps,
 # each thread holds 8 elements (one 16-byte bf16 load) of each stream
+STREAM_WARPS = 4  # Triton's default num_warps, which the launchers keep
 
 
-def _stream_shape(h):
-    """N, n, C and the block sizes for a (..., n, C) state."""
+def _stream_shape(h, backward=False):
+    """N, n, C and the block sizes for a (..., n, C) state.
+
+    A backward program also sums over C per token (n sums for the read, up to
+    n + n*n for the write): it takes one token per warp, STREAM_WARPS tokens, so that
+    Triton lays each token's channels out in one warp and every sum is warp shuffles,
+    with no shared memory and no barrier; and STREAM_TILE // NP^2 channels per chunk,
+    which is the forward's tile up to n = 4 and 64 channels at n = 5..8, where a
+    thread then holds 2 elements of each of g and h beside the 64 running sums of d mix
+    (4 x 128 would need 238 registers at n = 8 on sm_90; 4 x 64 needs 128)."""
     n, C = h.shape[-2:]
+    NP = triton.next_power_of_2(n)
     BLOCK_C = min(STREAM_BLOCK_C, triton.next_power_of_2(C))
-    BLOCK_T = max(1, STREAM_TILE // (triton.next_power_of_2(n) * BLOCK_C))
+    BLOCK_T = max(1, STREAM_TILE // (NP * BLOCK_C))
+    if backward and BLOCK_T < STREAM_WARPS:
+        BLOCK_T, BLOCK_C = STREAM_WARPS, min(BLOCK_C, STREAM_TILE // (NP * NP))
     return h.numel() // (n * C), n, C, dict(BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)
 
 
@@ -349,13 +380,16 @@ def _stream_read_bwd_kernel(
     _store_coefs(dpre_ptr, t, N, dpre)
 
 
+# Registers per thread at n = 4 (sm_90 / sm_80, float32, no spills): forward 40 / 32,
+# backward 64 / 64.
 @torch.library.custom_op("streams::stream_read", mutates_args=())
 def _stream_read_op(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     h, pre = h.contiguous(), pre.contiguous()  # h may be an expand()ed view
     N, n, C, meta = _stream_shape(h)
     x = torch.empty(h.shape[:-2] + (C,), dtype=h.dtype, device=h.device)  # (B,T,C)
     grid = (triton.cdiv(N, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))
-    _stream_read_fwd_kernel[grid](h, pre, x, N, C, n, **meta)
+    with _on_device_of(h):
+        _stream_read_fwd_kernel[grid](h, pre, x, N, C, n, **meta)
     return x
 
 
@@ -367,9 +401,10 @@ def _(h, pre):
 @torch.library.custom_op("streams::stream_read_backward", mutates_args=())
 def _stream_read_backward_op(h: torch.Tensor, pre: torch.Tensor, dx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     h, pre = h.contiguous(), pre.contiguous()
-    N, n, C, meta = _stream_shape(h)
+    N, n, C, meta = _stream_shape(h, backward=True)
     dh, dpre = torch.empty_like(h), torch.empty_like(pre)
-    _stream_read_bwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](h, pre, dx.contiguous(), dh, dpre, N, C, n, **meta)
+    with _on_device_of(h):
+        _stream_read_bwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](h, pre, dx.contiguous(), dh, dpre, N, C, n, **meta)
     return dh, dpre
 
 
@@ -378,7 +413,8 @@ def _(h, pre, dx):
     return h.new_empty(h.shape), pre.new_empty(pre.shape)
 
 
-def _stream_read_setup(ctx, inputs, output):
+def _save_inputs(ctx, inputs, output):
+    """setup_context of the stream read and write: their backward ops take every input."""
     ctx.save_for_backward(*inputs)
 
 
@@ -386,7 +422,7 @@ def _stream_read_backward(ctx, dx):
     return _stream_read_backward_op(*ctx.saved_tensors, dx)
 
 
-_stream_read_op.register_autograd(_stream_read_backward, setup_context=_stream_read_setup)
+_stream_read_op.register_autograd(_stream_read_backward, setup_context=_save_inputs)
 
 
 def stream_read(h, pre):
@@ -410,7 +446,12 @@ def dynamic_read(h, W, alpha, groups, bias, eps=1e-6):
 # (2n+1)*C*s + 4(n*n + n) and writes (n+1)*C*s + 4(n*n + n). With the identity
 # the backward neither reads h nor writes dh (dh is g): (n+1)*C*s in, C*s out.
 
-MIX_IDENTITY, MIX_DIAGONAL, MIX_FULL = 0, 1, 2  # the MIX constexpr of the kernels
+# The kernels' MIX constexpr: which mix the write applies. tl.constexpr globals, so a
+# kernel compares against the name (the compiler folds the branch away); the launcher
+# passes the plain int (.value).
+MIX_IDENTITY = tl.constexpr(0)  # out_i = h_i + post_i y (ihc)
+MIX_DIAGONAL = tl.constexpr(1)  # out_i = mix_i h_i + post_i y (the gated topologies)
+MIX_FULL = tl.constexpr(2)  # out_i = sum_j mix_ij h_j + post_i y (hc, mhc)
 
 
 @triton.jit
@@ -422,7 +463,7 @@ def _stream_write_fwd_kernel(
     out_ptr,  # (N, n, C) new state, h's dtype
     N, C,  # tokens, channels
     n: tl.constexpr,  # streams
-    MIX: tl.constexpr,  # MIX_IDENTITY (0), MIX_DIAGONAL (1) or MIX_FULL (2)
+    MIX: tl.constexpr,  # MIX_IDENTITY, MIX_DIAGONAL or MIX_FULL
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,  # tokens and channels per program
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -430,16 +471,16 @@ def _stream_write_fwd_kernel(
     y = tl.load(y_ptr + row, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_T, BLOCK_C)
     h = _load_streams(h_ptr, state, mask, C, n)
     post = _load_coefs(post_ptr, t, N, n)
-    if MIX == 2:  # MIX_FULL
+    if MIX == MIX_FULL:
         mix = _load_coefs(mix_ptr, t, N, n * n)  # mix_ij is mix[i * n + j]
-    elif MIX == 1:  # MIX_DIAGONAL
+    elif MIX == MIX_DIAGONAL:
         mix = _load_coefs(mix_ptr, t, N, n)
     for i in tl.static_range(n):
         out = post[i][:, None] * y
-        if MIX == 2:  # MIX_FULL
+        if MIX == MIX_FULL:
             for j in tl.static_range(n):
                 out += mix[i * n + j][:, None] * h[j]
-        elif MIX == 1:  # MIX_DIAGONAL
+        elif MIX == MIX_DIAGONAL:
             out += mix[i][:, None] * h[i]
         else:
             out += h[i]
@@ -459,58 +500,67 @@ def _stream_write_bwd_kernel(
     dy_ptr,  # (N, C) d loss / d y, y's dtype
     N, C,  # tokens, channels
     n: tl.constexpr,  # streams
-    MIX: tl.constexpr,  # MIX_IDENTITY (0), MIX_DIAGONAL (1) or MIX_FULL (2)
+    MIX: tl.constexpr,  # MIX_IDENTITY, MIX_DIAGONAL or MIX_FULL
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,  # tokens per program, channels per chunk
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     post = _load_coefs(post_ptr, t, N, n)
     dpost = _zeros(BLOCK_T, n)
-    if MIX == 2:  # MIX_FULL
-        mix = _load_coefs(mix_ptr, t, N, n * n)  # mix_ij is mix[i * n + j]
-        dmix = _zeros(BLOCK_T, n * n)
-    elif MIX == 1:  # MIX_DIAGONAL
-        mix = _load_coefs(mix_ptr, t, N, n)
+    if MIX == MIX_FULL:
+        mix_rows = mix_ptr + t.to(tl.int64) * (n * n)  # (BLOCK_T,) pointers; mix_ij at i * n + j
+        dmix = _zeros(BLOCK_T, n * n)  # d mix_ij is dmix[i * n + j]
+    elif MIX == MIX_DIAGONAL:
+        mix_rows = mix_ptr + t.to(tl.int64) * n
         dmix = _zeros(BLOCK_T, n)
     for c0 in range(0, C, BLOCK_C):
         state, row, mask = _tokens(t, c0 + tl.arange(0, BLOCK_C), N, C, n)
         y = tl.load(y_ptr + row, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_T, BLOCK_C)
         g = _load_streams(g_ptr, state, mask, C, n)
-        dy = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
-        summed = ()
-        for i in tl.static_range(n):  # dy = sum_i post_i g_i, dpost_i += sum_c g_i y
+        dy = post[0][:, None] * g[0]
+        for i in tl.static_range(1, n):  # dy = sum_i post_i g_i
             dy += post[i][:, None] * g[i]
+        tl.store(dy_ptr + row, dy.to(dy_ptr.dtype.element_ty), mask=mask)
+        summed = ()
+        for i in tl.static_range(n):  # dpost_i += sum_c g_i y
             summed += (dpost[i] + tl.sum(g[i] * y, axis=1),)
         dpost = summed
-        tl.store(dy_ptr + row, dy.to(dy_ptr.dtype.element_ty), mask=mask)
-        if MIX != 0:  # not MIX_IDENTITY
+        if MIX != MIX_IDENTITY:
+            # The mix is loaded again in every chunk (from cache: HBM sees it once)
+            # rather than held across the loop: at n = 8 its 64 coefficients beside
+            # the 64 running sums of d mix would crowd the registers.
             for j in tl.static_range(n):  # dh_j = sum_i mix_ij g_i
-                if MIX == 2:  # MIX_FULL
+                if MIX == MIX_FULL:
                     dh = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
                     for i in tl.static_range(n):
-                        dh += mix[i * n + j][:, None] * g[i]
+                        mix = tl.load(mix_rows + i * n + j, mask=t < N, other=0.0).to(tl.float32)
+                        dh += mix[:, None] * g[i]
                 else:
-                    dh = mix[j][:, None] * g[j]
+                    dh = tl.load(mix_rows + j, mask=t < N, other=0.0).to(tl.float32)[:, None] * g[j]
                 tl.store(dh_ptr + state + j * C, dh.to(dh_ptr.dtype.element_ty), mask=mask)
             h = _load_streams(h_ptr, state, mask, C, n)
             summed = ()
             for i in tl.static_range(n):  # dmix_ij += sum_c g_i h_j
-                if MIX == 2:  # MIX_FULL
+                if MIX == MIX_FULL:
                     for j in tl.static_range(n):
                         summed += (dmix[i * n + j] + tl.sum(g[i] * h[j], axis=1),)
                 else:
                     summed += (dmix[i] + tl.sum(g[i] * h[i], axis=1),)
             dmix = summed
     _store_coefs(dpost_ptr, t, N, dpost)
-    if MIX != 0:  # not MIX_IDENTITY
+    if MIX != MIX_IDENTITY:
         _store_coefs(dmix_ptr, t, N, dmix)
 
 
 def _mix_kind(h, mix):
+    """The MIX constexpr, as an int, for a write with this mix (None, diagonal or full)."""
     if mix is None:
-        return MIX_IDENTITY
-    return MIX_DIAGONAL if mix.dim() == h.dim() - 1 else MIX_FULL
+        return MIX_IDENTITY.value
+    return (MIX_DIAGONAL if mix.dim() == h.dim() - 1 else MIX_FULL).value
 
 
+# Registers per thread at n = 4 (sm_90 / sm_80; float32 state and coefficients, bf16 y;
+# no spills): forward 56 / 56 identity, 62 / 62 diagonal, 80 / 80 full; backward
+# 63 / 64, 108 / 88, 125 / 124. At most 128 for any n = 2..8 (tests.py's compile test).
 @torch.library.custom_op("streams::stream_write", mutates_args=())
 def _stream_write_op(h: torch.Tensor, mix: torch.Tensor | None, post: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     h, post, y = h.contiguous(), post.contiguous(), y.contiguous()  # h may be an expand()ed view
@@ -518,7 +568,8 @@ def _stream_write_op(h: torch.Tensor, mix: torch.Tensor | None, post: torch.Tens
     N, n, C, meta = _stream_shape(h)
     out = torch.empty_like(h)  # (B,T,n,C)
     grid = (triton.cdiv(N, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))
-    _stream_write_fwd_kernel[grid](h, mix, post, y, out, N, C, n, MIX=kind, **meta)
+    with _on_device_of(h):
+        _stream_write_fwd_kernel[grid](h, mix, post, y, out, N, C, n, MIX=kind, **meta)
     return out
 
 
@@ -535,13 +586,14 @@ def _stream_write_backward_op(h: torch.Tensor, mix: torch.Tensor | None, post: t
                               g: torch.Tensor) -> list[torch.Tensor]:
     h, post, y, g = h.contiguous(), post.contiguous(), y.contiguous(), g.contiguous()
     kind, mix = _mix_kind(h, mix), None if mix is None else mix.contiguous()
-    N, n, C, meta = _stream_shape(h)
-    identity = kind == MIX_IDENTITY
+    N, n, C, meta = _stream_shape(h, backward=True)
+    identity = kind == MIX_IDENTITY.value
     dh = None if identity else torch.empty_like(h)
     dmix = None if identity else torch.empty_like(mix)
     dpost, dy = torch.empty_like(post), torch.empty_like(y)
-    _stream_write_bwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](
-        h, mix, post, y, g, dh, dmix, dpost, dy, N, C, n, MIX=kind, **meta)
+    with _on_device_of(h):
+        _stream_write_bwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](
+            h, mix, post, y, g, dh, dmix, dpost, dy, N, C, n, MIX=kind, **meta)
     return [dpost, dy] if identity else [dh, dmix, dpost, dy]
 
 
@@ -549,10 +601,6 @@ def _stream_write_backward_op(h: torch.Tensor, mix: torch.Tensor | None, post: t
 def _(h, mix, post, y, g):
     grads = [post.new_empty(post.shape), y.new_empty(y.shape)]
     return grads if mix is None else [h.new_empty(h.shape), mix.new_empty(mix.shape)] + grads
-
-
-def _stream_write_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
 
 
 def _stream_write_backward(ctx, g):
@@ -564,7 +612,7 @@ def _stream_write_backward(ctx, g):
     return tuple(grads)
 
 
-_stream_write_op.register_autograd(_stream_write_backward, setup_context=_stream_write_setup)
+_stream_write_op.register_autograd(_stream_write_backward, setup_context=_save_inputs)
 
 
 def stream_write(h, mix, post, y):

@@ -11,6 +11,7 @@ train.py runs this on first use when the .bin files are missing.
 """
 import os
 import pickle
+import tempfile
 
 import numpy as np
 import torch
@@ -44,6 +45,22 @@ def tokenizer_for(text, name):
     return gpt2_tokenizer().encode_ordinary, {"tokenizer": "gpt2", "vocab_size": 50257}
 
 
+def write_atomically(path, write):
+    """write(file) into a temporary file unique to this call, then rename it to path:
+    a reader never sees a half-written file, and two processes preparing the same
+    dataset at once (gpu_check.sh starts two test runs on a fresh clone) each write
+    their own temporary file; both hold the same bytes, so whichever rename lands
+    last leaves the same file."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def prepare(dataset, input_file, tokenizer):
     """Write data/<dataset>/train.bin, val.bin, meta.pkl; return (n_train, n_val) tokens."""
     with open(input_file, encoding="utf-8") as f:
@@ -55,12 +72,9 @@ def prepare(dataset, input_file, tokenizer):
     counts = []
     for name, part in (("train.bin", text[:split]), ("val.bin", text[split:])):
         ids = np.array(encode(part), dtype=np.uint16)  # every vocabulary here is < 2**16
-        ids.tofile(os.path.join(out, name + ".tmp"))  # temporary name, then rename: never a half-written file
-        os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
+        write_atomically(os.path.join(out, name), ids.tofile)
         counts.append(len(ids))
-    with open(os.path.join(out, "meta.pkl.tmp"), "wb") as f:
-        pickle.dump(meta, f)
-    os.replace(os.path.join(out, "meta.pkl.tmp"), os.path.join(out, "meta.pkl"))
+    write_atomically(os.path.join(out, "meta.pkl"), lambda f: pickle.dump(meta, f))
     print(f"{dataset}: {len(text):,} characters -> {counts[0]:,} train and {counts[1]:,} val tokens "
           f"({tokenizer}, vocab {meta['vocab_size']:,}) in {out}")
     return tuple(counts)

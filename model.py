@@ -49,6 +49,19 @@ class GPTConfig:
 OLD_CHECKPOINT_GATE = dict(gate="clip")  # under model_args when a checkpoint has no "gate"
 
 
+def load_checkpoint(path):
+    """train.py's checkpoint at path, its model_args completed for checkpoints older
+    than the gate options. Any damage (truncated, corrupted, not ours) is a ValueError
+    with a one-line message naming the file."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint["model_args"] = {**OLD_CHECKPOINT_GATE, **checkpoint["model_args"]}
+        return checkpoint
+    except Exception as e:
+        raise ValueError(f"cannot load checkpoint {path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                         f"it is truncated, corrupted or not from this train.py") from e
+
+
 def check_config(config):
     """Raise ValueError with a one-line message for a config the model cannot build."""
     if config.residual not in TOPOLOGIES:

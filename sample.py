@@ -14,7 +14,7 @@ import pickle
 import torch
 
 from configurator import choose_device, configure, fail
-from model import GPT, KERNELS, OLD_CHECKPOINT_GATE, GPTConfig
+from model import GPT, KERNELS, GPTConfig, load_checkpoint
 from prepare import DATA_DIR, gpt2_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -42,13 +42,14 @@ ckpt_path = os.path.join(out_dir, "ckpt.pt")
 if not os.path.exists(ckpt_path):
     fail(f"no checkpoint at {ckpt_path}; train one with python train.py --out_dir={out_dir}")
 try:
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    model_args = {**OLD_CHECKPOINT_GATE, **checkpoint["model_args"]}
-    model = GPT(GPTConfig(**{**model_args, "kernels": kernels}))
+    checkpoint = load_checkpoint(ckpt_path)
+except ValueError as e:
+    fail(str(e))
+try:
+    model = GPT(GPTConfig(**{**checkpoint["model_args"], "kernels": kernels}))
     model.load_state_dict(checkpoint["model"])
-except Exception as e:  # any damage to the file: say which file, not a traceback
-    fail(f"cannot load checkpoint {ckpt_path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-         f"it is truncated, corrupted or not from this train.py")
+except (TypeError, ValueError, RuntimeError) as e:  # settings or weights this model.py does not have
+    fail(f"checkpoint {ckpt_path} does not fit this model.py ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
 model.eval().to(device)
 
 dataset = checkpoint["config"]["dataset"]

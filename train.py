@@ -13,6 +13,7 @@ per evaluation (val_loss, diagnostics) and one per log_interval (the training
 loss and the global gradient norm, which explains a spike). Ctrl-C or SIGTERM
 saves a checkpoint and exits; resume with --init_from=resume.
 """
+import dataclasses
 import json
 import math
 import os
@@ -26,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from configurator import choose_device, config_keys, configure, fail
-from model import GPT, KERNELS, OLD_CHECKPOINT_GATE, GPTConfig, check_config, stream_ops
+from model import GPT, KERNELS, GPTConfig, check_config, load_checkpoint, stream_ops
 from prepare import DATA_DIR, DATASETS, get_batch, prepare_dataset
 from residuals import TOPOLOGIES
 
@@ -98,8 +99,8 @@ if device_type == "cuda":
     for key, value in GPU_DEFAULTS.items():
         if key not in user_set:
             globals()[key] = value
-size_note = ("GPU defaults (nanoGPT's shakespeare_char model, 6 x 384, block 256)" if device_type == "cuda"
-             else "CPU defaults (nanoGPT's CPU recipe, 4 x 128, block 64)")
+recipe = "nanoGPT's shakespeare_char model" if device_type == "cuda" else "nanoGPT's CPU recipe"
+yours = [key for key in ("n_layer", "n_embd", "n_head", "block_size", "batch_size") if key in user_set]
 n_streams = n_streams or TOPOLOGIES[residual].default_n_streams
 kernels = kernels if kernels != "auto" else ("triton" if device_type == "cuda" else "fused")
 out_dir = out_dir or f"out-{residual}"
@@ -120,20 +121,18 @@ if block_size >= n_val:
     fail(f"block_size {block_size} is not shorter than the validation split ({n_val} tokens)")
 with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
     vocab_size = pickle.load(f)["vocab_size"]
-model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
-                  vocab_size=vocab_size, dropout=dropout, residual=residual, n_streams=n_streams,
-                  alpha_init=alpha_init, sinkhorn_iters=sinkhorn_iters, gate_c_max=gate_c_max,
-                  gate_anchor=gate_anchor, gate=gate, gate_init=gate_init, gate_deviations=gate_deviations,
-                  kernels=kernels)
+model_args = {field.name: globals()[field.name] for field in dataclasses.fields(GPTConfig)}  # settings of the same names
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 checkpoint = None
 if init_from == "resume":
     if not os.path.exists(ckpt_path):
         fail(f"--init_from=resume: no checkpoint at {ckpt_path}")
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    try:
+        checkpoint = load_checkpoint(ckpt_path)
+    except ValueError as e:
+        fail(str(e))
     # the architecture comes from the checkpoint; only the kernels may change
-    saved = {**OLD_CHECKPOINT_GATE, **checkpoint["model_args"]}
-    model_args.update({k: v for k, v in saved.items() if k != "kernels"})
+    model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "kernels"})
 try:
     check_config(GPTConfig(**model_args))
 except ValueError as e:
@@ -159,8 +158,9 @@ if device_type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 if master:
-    print(f"device {device}, {dtype}, kernels {kernels}: {size_note}. Override any of them, e.g. "
-          f"--n_layer=6 --n_embd=384 --block_size=256 --batch_size=64 --device=cpu.")
+    print(f"device {device}, {dtype}, kernels {kernels}: {n_layer} layers x {n_embd}, {n_head} heads, block "
+          f"{block_size}, batch {batch_size}: " + (f"{recipe} with your {', '.join(yours)}" if yours else
+          f"{recipe}; set any of them, e.g. --n_layer=6 --n_embd=384 --block_size=256 --batch_size=64"))
     print(f"{residual} with {n_streams} stream(s); {tokens_per_iter:,} tokens per iteration; writing to {out_dir}")
 
 

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -66,9 +67,10 @@ def metrics(out_dir, kind="val_loss"):
 
 
 def tiny_config(residual, n_streams=None, **kw):
+    """A 2 x 32 GPT over the 65 characters; kw sets or overrides any GPTConfig field."""
     n = n_streams or TOPOLOGIES[residual].default_n_streams
-    return GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=False,
-                     residual=residual, n_streams=n, **kw)
+    return GPTConfig(**{**dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=False,
+                               residual=residual, n_streams=n), **kw})
 
 
 def topology_parameters(model):
@@ -619,8 +621,7 @@ def test_model_trains_under_bfloat16_autocast(name, kernels):
     """train.py --dtype=bfloat16 on a CPU: the stream ops take bf16 sublayer
     outputs next to the float32 state, forward and backward."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=65, bias=False,
-                          residual=name, n_streams=TOPOLOGIES[name].default_n_streams, kernels=kernels))
+    model = GPT(tiny_config(name, n_embd=24, kernels=kernels))
     idx = torch.randint(0, 65, (3, 16))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         h = model.residual_state(idx)
@@ -641,8 +642,7 @@ def test_model_matches_reference(name, impl):
     results = {}
     for kernels in ("reference", impl):
         torch.manual_seed(0)
-        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=65, bias=False,
-                              residual=name, n_streams=4, kernels=kernels))
+        model = GPT(tiny_config(name, n_streams=4, n_embd=24, kernels=kernels))
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.05 * torch.randn_like(p))
@@ -715,7 +715,7 @@ def test_every_topology_trains(name, tmp_path):
     assert all(math.isfinite(v) for v in losses)
     assert losses[0] > losses[1] > losses[2], f"{name}: val loss did not decrease: {losses}"
     assert abs(losses[0] - math.log(65)) < 0.3  # the untrained model is near uniform over 65 characters
-    gated = name in ("gated_ihc", "norm_gated_ihc", "mean_gated_ihc")
+    gated = name in GATED
     for row in rows:  # every evaluation reports the composite gain, and the gates where there are some
         assert math.isfinite(row["gain_forward"]) and math.isfinite(row["gain_backward"])
         assert ("gate_mean" in row) == gated and ("gate_reset_fraction" in row) == gated
@@ -748,8 +748,7 @@ def test_progress_rows_hold_the_gradient_norm_before_clipping(grad_clip, tmp_pat
     assert [r["iter"] for r in rows] == [1, 2, 3]
     settings = dict(arg[2:].split("=") for arg in TINY)
     torch.manual_seed(1337)  # train.py's default seed, set before the model is built
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, bias=False,
-                          residual="norm_gated_ihc", n_streams=4))
+    model = GPT(tiny_config("norm_gated_ihc", block_size=32))
     data = np.memmap(os.path.join(DATA_DIR, "shakespeare_char", "train.bin"), dtype=np.uint16, mode="r")
     x, y = get_batch(data, int(settings["batch_size"]), int(settings["block_size"]), torch.Generator().manual_seed(1337))
     model(x, y)[1].backward()
@@ -973,19 +972,19 @@ def test_training_with_triton_kernels_matches_fused(name, tmp_path):
 # sample.py
 # =============================================================================
 
-def test_sample_prints_text_from_the_vocabulary(tmp_path):
-    run("train.py", "--residual=ihc", "--max_iters=20", "--eval_interval=20", f"--out_dir={tmp_path}", *TINY)
-    out = run("sample.py", f"--out_dir={tmp_path}", "--start=ROMEO:", "--num_samples=2",
-              "--max_new_tokens=40", "--device=cpu").stdout
-    samples = out.split("---------------\n")[:2]
-    assert len(samples) == 2 and all(s.startswith("ROMEO:") and len(s) >= 40 for s in samples)
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """One tiny trained run (ihc, 20 iterations) shared by the sampling tests."""
     out = tmp_path_factory.mktemp("trained")
     run("train.py", "--residual=ihc", "--max_iters=20", "--eval_interval=20", f"--out_dir={out}", *TINY)
     return out
+
+
+def test_sample_prints_text_from_the_vocabulary(trained):
+    out = run("sample.py", f"--out_dir={trained}", "--start=ROMEO:", "--num_samples=2",
+              "--max_new_tokens=40", "--device=cpu").stdout
+    samples = out.split("---------------\n")[:2]
+    assert len(samples) == 2 and all(s.startswith("ROMEO:") and len(s) >= 40 for s in samples)
 
 
 def test_sample_names_damaged_checkpoints(trained, tmp_path):
@@ -1329,9 +1328,9 @@ def test_fused_dynamic_read_gradcheck():
 
 # --- Sinkhorn: every implementation, in one place ------------------------------------------
 
-def sinkhorn_float64_definition(logits, iters=20):
-    """The definition, literally: exp, then rows, then columns, in float64."""
-    M = logits.double().exp()
+def sinkhorn_definition(logits, iters=20, dtype=torch.float64):
+    """The definition, literally: exp, then rows, then columns, in float64 (or dtype)."""
+    M = logits.to(dtype).exp()
     for _ in range(iters):
         M = M / M.sum(-1, keepdim=True)
         M = M / M.sum(-2, keepdim=True)
@@ -1349,7 +1348,7 @@ def test_sinkhorn_matches_float64_definition(impl, n):
         logits = scale * torch.randn(256, n, n, generator=gen)
         out = implementation(impl).sinkhorn(logits)
         assert out.dtype == torch.float32
-        err = (out.double() - sinkhorn_float64_definition(logits)).abs().max().item()
+        err = (out.double() - sinkhorn_definition(logits)).abs().max().item()
         assert err < 1e-5, f"scale {scale}: max error {err} against the float64 definition"
         assert (out.sum(-2) - 1).abs().max() < 1e-5, "columns must sum to 1 after the last step"
 
@@ -1357,11 +1356,8 @@ def test_sinkhorn_matches_float64_definition(impl, n):
 @ALL_IMPLS
 def test_sinkhorn_finite_for_extreme_logits(impl):
     gen = torch.Generator().manual_seed(0)
-    naive = (50 * torch.randn(256, 4, 4, generator=gen)).exp()  # why the care: plain float32 exp fails at scale 50
-    for _ in range(20):
-        naive = naive / naive.sum(-1, keepdim=True)
-        naive = naive / naive.sum(-2, keepdim=True)
-    assert not torch.isfinite(naive).all()
+    naive = sinkhorn_definition(50 * torch.randn(256, 4, 4, generator=gen), dtype=torch.float32)
+    assert not torch.isfinite(naive).all()  # why the care: plain float32 exp fails at scale 50
     for scale in (50.0, 1e3, 1e4):
         logits = scale * torch.randn(256, 4, 4, generator=gen)
         logits[0] = scale  # constant matrix
@@ -1528,25 +1524,29 @@ def compare(out, *args, check=True):
 
 
 def test_compare_table_summarises_every_seed(tmp_path):
-    compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1,2")
+    compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1,2,3")
     table = (tmp_path / "results" / "results.md").read_text()
     for name in ("residual", "gated_ihc"):
-        runs = [metrics(tmp_path / "runs" / f"{name}-s{seed}") for seed in (1, 2)]
+        runs = [metrics(tmp_path / "runs" / f"{name}-s{seed}") for seed in (1, 2, 3)]
         finals = [rows[-1]["val_loss"] for rows in runs]
         bests = [min(r["val_loss"] for r in rows) for rows in runs]
         assert finals[0] != finals[1], "each run must get its own seed"
         assert (f"| `{name}` | {statistics.mean(finals):.4f} ± {statistics.stdev(finals):.4f} "
                 f"| {statistics.mean(bests):.4f} ± {statistics.stdev(bests):.4f} |") in table, table
-        for seed in (1, 2):  # the copies the plots can be redrawn from: evaluations and progress rows
+        for seed in (1, 2, 3):  # the copies the plots can be redrawn from: evaluations and progress rows
             copied = (tmp_path / "results" / "metrics" / f"{name}-s{seed}.jsonl").read_text()
             assert copied == (tmp_path / "runs" / f"{name}-s{seed}" / "metrics.jsonl").read_text()
-    residual, gated = ([metrics(tmp_path / "runs" / f"{name}-s{seed}")[-1]["val_loss"] for seed in (1, 2)]
+    residual, gated = ([metrics(tmp_path / "runs" / f"{name}-s{seed}")[-1]["val_loss"] for seed in (1, 2, 3)]
                        for name in ("residual", "gated_ihc"))
     paired = [g - r for g, r in zip(gated, residual)]  # the same seed: the same batches and evaluation batches
-    assert f"| {statistics.mean(paired):+.4f} ± {statistics.stdev(paired):.4f} | " in table
-    assert "| `residual` |" in table and "| +0.0000 ± 0.0000 | 1.00x |" in table
+    mean, sem = statistics.mean(paired), statistics.stdev(paired) / math.sqrt(3)
+    half = 4.302653 * sem  # Student's t table: 97.5% point at 2 degrees of freedom
+    p = 1 - abs(mean / sem) / math.sqrt((mean / sem) ** 2 + 2)  # two-sided, exact at 2 dof: 1 - |t| / sqrt(t^2 + 2)
+    signs = "".join("-" if d < 0 else "+" for d in paired)
+    assert f"| {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}], p {p:.3f}, {signs} | " in table, table
+    assert "| `residual` |" in table and "|  | 1.00x |" in table  # no column of the residual against itself
     for name in ("residual", "gated_ihc"):  # the largest gradient norm of each run, mean over seeds; then the minutes
-        runs = [tmp_path / "runs" / f"{name}-s{seed}" for seed in (1, 2)]
+        runs = [tmp_path / "runs" / f"{name}-s{seed}" for seed in (1, 2, 3)]
         grad = statistics.mean(max(r["grad_norm_max"] for r in metrics(run, "grad_norm")) for run in runs)
         minutes = statistics.mean(metrics(run)[-1]["elapsed_s"] for run in runs) / 60
         assert f"| {grad:.2f} | {minutes:.1f} |\n" in table, table
@@ -1555,8 +1555,10 @@ def test_compare_table_summarises_every_seed(tmp_path):
 
 
 def test_compare_redraws_the_table_and_plots_byte_for_byte(tmp_path):
-    """--train=False rewrites results.md and every plot from the metrics copies, the same bytes."""
-    compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1")
+    """--train=False rewrites results.md and every plot from the metrics copies, the same
+    bytes; in a log (not a terminal) progress is a plain line per finished run."""
+    result = compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1")
+    assert "run 2 of 2 finished: " in result.stdout and "\r" not in result.stdout + result.stderr
     results = tmp_path / "results"
     drawn = {path.name: path.read_bytes() for path in results.iterdir() if path.suffix in (".md", ".png")}
     assert set(drawn) == {"results.md", "val_loss.png", "gain.png", "grad_norm.png", "gates.png"}
@@ -1565,7 +1567,27 @@ def test_compare_redraws_the_table_and_plots_byte_for_byte(tmp_path):
     compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1", "--train=False")
     redrawn = {path.name: path.read_bytes() for path in results.iterdir() if path.suffix in (".md", ".png")}
     assert [name for name in drawn if redrawn.get(name) != drawn[name]] == []
+    result = compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1", "--train=False",
+                     "--train_args=--max_iters=31", check=False)  # not what these runs were trained with
+    assert result.returncode == 2 and "were trained with other arguments" in result.stderr, result.stderr
 
+
+@pytest.mark.parametrize("preset", ["depth"])
+def test_committed_results_redraw_byte_for_byte(preset, tmp_path):
+    """results/<preset> is compare.py's output from its committed metrics, and so is the
+    table quoted in results/README.md: --train=False writes both again, the same bytes."""
+    committed = os.path.join(ROOT, "results", preset)
+    shutil.copytree(committed, tmp_path / preset)
+    readme = open(os.path.join(ROOT, "results", "README.md")).read()
+    marker = f"<!-- compare.py table: {preset} -->"
+    assert marker in readme, f"results/README.md quotes no table of {preset}"
+    (tmp_path / "README.md").write_text(readme.split(marker)[0] + marker + "\n(stale)\n<!-- end of table -->\n")
+    run("compare.py", f"--preset={preset}", "--train=False", f"--results_dir={tmp_path / preset}")
+    for name in sorted(os.listdir(committed)):
+        if name.endswith((".md", ".png")):
+            assert (tmp_path / preset / name).read_bytes() == open(os.path.join(committed, name), "rb").read(), name
+    table = readme.split(marker)[1].split("<!-- end of table -->")[0]
+    assert (tmp_path / "README.md").read_text().split(marker)[1].split("<!-- end of table -->")[0] == table
 
 def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
     """The gates preset's static variant is norm_gated_ihc with --alpha_init=0, run
@@ -1579,9 +1601,10 @@ def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
     table = (tmp_path / "results" / "results.md").read_text()
     ihc, static = (metrics(tmp_path / "runs" / f"{label}-s1")[-1]["val_loss"]
                    for label in ("ihc", "norm_gated_ihc.static"))
-    assert "| final minus ihc's, same seed |" in table and "| final minus residual's" not in table
+    assert "| minus ihc's: mean [95% CI], p, signs |" in table and "| minus residual's" not in table
     assert f"| `norm_gated_ihc.static` | {static:.4f} ± 0.0000 | " in table
-    assert f"| {static - ihc:+.4f} ± 0.0000 | " in table, table
+    d = static - ihc  # one seed: no interval and no test, only the difference and its sign
+    assert f"| {d:+.4f} [{d:+.4f}, {d:+.4f}], p n/a, {'-' if d < 0 else '+'} | " in table, table
 
 
 def test_compare_skips_finished_runs_and_a_rerun_reproduces_them(tmp_path):
@@ -1626,6 +1649,10 @@ def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
     straight, resumed = metrics(tmp_path / "straight" / "ihc-s3"), metrics(tmp_path / "stopped" / "ihc-s3")
     assert [r["iter"] for r in resumed] == [r["iter"] for r in straight]
     assert all(abs(a["val_loss"] - b["val_loss"]) < 1e-4 for a, b in zip(straight, resumed))
+    record = json.loads((tmp_path / "r2" / "run.json").read_text())  # both calls' time, and the run's arguments
+    assert [call["command"].split()[1] for call in record["calls"]] == ["compare.py", "compare.py"]
+    assert record["runs"] == {"ihc-s3": json.loads((tmp_path / "stopped" / "ihc-s3" / "run.json").read_text())["arguments"]}
+    assert f"({record['calls'][0]['minutes']} min) then " in (tmp_path / "r2" / "results.md").read_text()
 
 
 

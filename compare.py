@@ -523,7 +523,7 @@ def report():
     text += [line for plot in plots for line in (plot, "")]
     with open(os.path.join(results_dir, "results.md"), "w") as f:
         f.write("\n".join(text))
-    update_results_readme(table(rows))
+    update_results_readme(text[2] + "\n\n" + table(rows))  # what was run, by which command, where; the table
     print(table(rows))
     print(f"wrote {results_dir}/results.md and the plots")
 
@@ -545,10 +545,10 @@ def study_record():
     return info
 
 
-def update_results_readme(table_text):
-    """The table in the README beside results_dir (results/README.md), between its
-    marker lines for this folder, if it has them: that page quotes compare.py's
-    tables, never numbers typed by hand."""
+def update_results_readme(block):
+    """The runs and the table in the README beside results_dir (results/README.md),
+    between its marker lines for this folder, if it has them: that page quotes
+    compare.py's tables, never numbers typed by hand."""
     path = os.path.join(os.path.dirname(os.path.abspath(results_dir)), "README.md")
     begin, end = f"<!-- compare.py table: {os.path.basename(os.path.normpath(results_dir))} -->", "<!-- end of table -->"
     if not os.path.exists(path):
@@ -561,7 +561,7 @@ def update_results_readme(table_text):
     if end not in rest:
         fail(f"{path}: the line {begin} has no {end} after it")
     with open(path + ".tmp", "w") as f:
-        f.write(head + begin + "\n" + table_text + "\n" + end + rest.split(end, 1)[1])
+        f.write(head + begin + "\n" + block + "\n" + end + rest.split(end, 1)[1])
     os.replace(path + ".tmp", path)
 
 

@@ -1607,6 +1607,25 @@ def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
     assert f"| {d:+.4f} [{d:+.4f}, {d:+.4f}], p n/a, {'-' if d < 0 else '+'} | " in table, table
 
 
+def test_readme_summary_quotes_the_committed_results():
+    """Every cell of the README's results summary is the same cell of
+    results/<preset>/results.md, which compare.py wrote from the committed metrics."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme.split("\n## What the results say")[1].split("\n## ")[0]
+    header, _, *rows = [line for line in section.splitlines() if line.startswith("|")]
+    presets = re.findall(r"\(`(\w+)`\)", header)
+    assert presets and rows, "the README has no summary table"
+    tables = {}
+    for preset in presets:
+        with open(os.path.join(ROOT, "results", preset, "results.md")) as f:
+            lines = [line.split(" | ") for line in f if line.startswith("| `")]
+        tables[preset] = {cells[0].strip("| "): cells for cells in lines}
+    for row in rows:
+        label, *cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        for preset, cell in zip(presets, cells):
+            assert cell in ("", "not run") or cell == tables[preset][label][3], (preset, label, cell)
+
+
 def test_compare_skips_finished_runs_and_a_rerun_reproduces_them(tmp_path):
     compare(tmp_path / "first", "--variants=mhc", "--seeds=5")
     log = tmp_path / "first" / "runs" / "mhc-s5" / "train.log"

@@ -1273,8 +1273,9 @@ def test_fused_stream_ops_gradcheck(n, mix):
 @pytest.mark.parametrize("shape", [(B, T, 4 * C), (B, T, 4, C), (5, 1)], ids=["flat", "per-stream", "width-1"])
 @pytest.mark.parametrize("expanded", [False, True], ids=["dense", "expanded"])
 def test_rms_projection(shape, expanded):
-    """Only fused.py has its own: kernels.py uses the reference (a cuBLAS matmul)."""
-    assert kernels is None or kernels.rms_projection is residuals.rms_projection
+    """Only fused.py has its own: kernels.py uses fused.py's (a cuBLAS matmul; see
+    test_triton_dynamic_read_keeps_no_copy_of_the_state)."""
+    assert kernels is None or kernels.rms_projection is stream_ops("fused").rms_projection
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g, dtype=torch.float64)
     if expanded:  # a stride-0 view, as the model's first layer hands its state: n equal streams
@@ -1412,6 +1413,35 @@ def test_triton_unavailable_is_an_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="need a CUDA GPU"):
         kernels.stream_read(torch.randn(1, 2, 4, 8), torch.rand(1, 2, 4))
+
+
+def wide_saved_storages(fn, h, *args):
+    """The distinct storages, at least as large as h's, that autograd keeps for the
+    backward of fn(h, *args) (saved_tensors_hooks sees every saved tensor, custom ops'
+    too), other than h's own."""
+    wide = set()
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.nbytes() >= h.untyped_storage().nbytes() and storage.data_ptr() != h.untyped_storage().data_ptr():
+            wide.add(storage.data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(h, *args)
+    return wide
+
+
+@needs_triton
+def test_triton_dynamic_read_keeps_no_copy_of_the_state():
+    """The triton path's coefficients make one pass over h, as fused.py's do: its
+    dynamic_read saves h itself for the backward and nothing else as wide.
+    residuals.py's rms_projection keeps the normalized copy of h: the probe sees it."""
+    inputs, constants = dynamic_read_inputs(4, 16, torch.float32)
+    h, W, alpha, bias = (t.requires_grad_() for t in inputs.values())  # as the model's parameters
+    args = (W, alpha, constants["groups"], bias)
+    assert len(wide_saved_storages(residuals.dynamic_read, h, *args)) >= 1
+    assert wide_saved_storages(stream_ops("triton").dynamic_read, h, *args) == set()
 
 
 # Compiles kernels for a GPU without one, in a subprocess (compiled, not interpreted):

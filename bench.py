@@ -21,17 +21,18 @@ the machine is doing slows them all alike. The table gives per topology:
   differ between topologies only by their small coefficient projections.
 results/cpu_speed.md has the measured table and what bounds it.
 
-    python bench.py --device=cuda                 # one GPU: the Triton kernels and the 12 x 768 training step
+    python bench.py --device=cuda                 # one GPU: the stream ops and training steps
+    python bench.py --device=cuda --dry_run=True  # that section's code on the CPU, tiny sizes, interpreter
 
-The GPU section times each stream op (forward + backward) for the Triton kernel
-against the op the model runs without it (`baseline` below: the hand-written
-PyTorch autograd Functions), at T in {4096, 16384, 65536} tokens, C in {384,
-768}, n = 4, in the dtypes the model uses under bf16 autocast (float32 state and
-coefficients, bf16 sublayer output); reports the kernel's achieved bandwidth
-against a device-to-device copy measured in the same run and the H200 datasheet
-(bytes counted in op_bytes); then the training step time of every topology
-relative to `residual` on a GPT of 12 layers x 768, block 1024. Triton is
-imported only there: the CPU sections run where it is not installed.
+The GPU section times each stream op (forward + backward) three ways: residuals.py's
+reference ops eager, the same under torch.compile (what a GPU user would pick), and
+kernels.py's Triton kernels; at n = 4, 64 x 1024 tokens, C = 768, in the dtypes the
+model uses under bf16 autocast (float32 state and coefficients, bf16 sublayer
+output); with the bytes an ideal kernel moves (op_bytes), the GB/s that makes, and
+its share of a device-to-device copy measured in the same run. Then a training
+step of residual, mhc and ihc (GPT 6 x 384, batch 64 x 256) the same three ways.
+Triton is imported only there: the CPU sections run where it is not installed.
+gpu_check.sh runs it, and its dry run runs --dry_run=True.
 """
 import os
 import statistics
@@ -40,7 +41,6 @@ import time
 import numpy as np
 import torch
 
-import fused
 import residuals
 from configurator import configure, fail
 from model import GPT, GPTConfig
@@ -55,8 +55,13 @@ rounds = 20  # timed rounds; every topology takes one step per round
 n_streams = 4  # for every topology but residual (1)
 seed = 1337
 profile = ""  # a topology: instead of the table, where its added step time goes, op by op (CPU)
+dry_run = False  # with --device=cuda: that section's code on the CPU at tiny sizes (Triton's interpreter)
 # -----------------------------------------------------------------------------
 configure(globals())
+if dry_run and device != "cuda":
+    fail(f"--dry_run=True runs the GPU section's code on the CPU: it takes --device=cuda, got '{device}'")
+if dry_run:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (kernels.py, in gpu_section)
 if warmup < 1 or rounds < 1:
     fail(f"warmup ({warmup}) and rounds ({rounds}) must be at least 1")
 if profile and (profile not in TOPOLOGIES or profile == "residual" or device != "cpu"):
@@ -199,16 +204,24 @@ def sinkhorn_gap(matrices=10000, iters=20):
         print(f"| {scale} | {rows.median():.1e} | {rows.max():.1e} | {columns.max():.1e} |")
 
 
-DATASHEET_BYTES_PER_S = 4.8e12  # H200 HBM3e
-TOKENS = (4096, 16384, 65536)  # B = 1, T tokens
-WIDTHS = (384, 768)  # C
+# The GPU section's sizes (the dry run's tiny stand-ins after them). Its cost, for
+# gpu_check.sh's 260 s cap, is torch.compile: 5 ops and 3 models of 6 x 384, each
+# compiled once at static shapes (~6 s an op, ~30 s a model: ~120 s); every timing
+# is a few hundred ms; expected ~160 s in all, with start-up and the Triton kernels'
+# first compiles. Not measured on a GPU yet.
+OP_TOKENS, OP_WIDTH = (65536, 768) if not dry_run else (32, 40)  # B*T tokens (64 x 1024: a GPT-2 batch), C
 STREAMS = 4  # n
-DEVICE = "cuda"
+STEP_MODEL = (dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch=64) if not dry_run  # train.py's GPU size
+              else dict(n_layer=1, n_head=2, n_embd=32, block_size=16, batch=2))
+STEP_TOPOLOGIES = ("residual", "mhc", "ihc")  # none, a full mix with Sinkhorn, the identity mix
+DEVICE = "cpu" if dry_run else "cuda"
+# inductor on a GPU; on the CPU the dry run traces with aot_eager (inductor there would
+# compile C++, which a GPU would not run)
+BACKEND = "aot_eager" if dry_run else "inductor"
 # The model's dtypes under bf16 autocast (train.py's default on a GPU): the state h and
 # every coefficient stay float32 (residuals.py keeps the coefficient maths in float32,
 # the stream write returns h's dtype), the sublayer output y is bf16.
 STATE_DTYPE, OUTPUT_DTYPE, COEF_DTYPE = torch.float32, torch.bfloat16, torch.float32
-baseline = fused  # the stream ops the model runs with --kernels=fused: the Triton kernels' competitor
 
 
 def op_bytes(op, n, C, state_bytes=4, output_bytes=2, coef_bytes=4, mix="full"):
@@ -242,18 +255,35 @@ def op_bytes(op, n, C, state_bytes=4, output_bytes=2, coef_bytes=4, mix="full"):
     raise ValueError(f"unknown op {op}")
 
 
-def copy_bytes_per_s(size=2 ** 30):
-    """Measured HBM bandwidth of a device-to-device copy: it reads and writes `size` bytes."""
-    from triton.testing import do_bench
-    src = torch.empty(size, dtype=torch.uint8, device="cuda")
+def median_ms(fn):
+    """Median ms of fn(): triton.testing.do_bench on a GPU (CUDA events, the L2 cache
+    flushed before each run); in the dry run, time.perf_counter over 3 runs after one."""
+    if DEVICE == "cuda":
+        from triton.testing import do_bench
+        return do_bench(fn, return_mode="median")
+    fn()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def copy_bytes_per_s():
+    """Bandwidth of a plain device-to-device copy, measured here: it reads and writes `size` bytes."""
+    size = 2 ** 20 if dry_run else 2 ** 30
+    src = torch.empty(size, dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
-    return 2 * size / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
+    return 2 * size / (median_ms(lambda: dst.copy_(src)) * 1e-3)
 
 
-def op_inputs(op, T, C, mix):
-    """Leaf tensors for one op at B = 1, in the model's dtypes (STATE_DTYPE and so on)."""
-    n = STREAMS
-    leaf = lambda *shape, dtype=COEF_DTYPE: torch.rand(*shape, dtype=dtype, device=DEVICE).requires_grad_()
+def op_inputs(op, mix):
+    """Leaf tensors for one op at B = 1, T = OP_TOKENS, in the model's dtypes (STATE_DTYPE and so on)."""
+    n, T, C = STREAMS, OP_TOKENS, OP_WIDTH
+    gen = torch.Generator(DEVICE).manual_seed(seed)
+    leaf = lambda *shape, dtype=COEF_DTYPE: (torch.rand(*shape, generator=gen, device=DEVICE)
+                                             .to(dtype).requires_grad_())
     if op == "sinkhorn":
         return [leaf(1, T, n, n)]
     h = leaf(1, T, n, C, dtype=STATE_DTYPE)
@@ -264,79 +294,102 @@ def op_inputs(op, T, C, mix):
 
 
 def time_fwd_bwd(fn, inputs):
-    """Median ms of fn(*inputs) and its backward with a fixed random upstream gradient."""
-    from triton.testing import do_bench
+    """Median ms of fn(*inputs) and its backward with a fixed random upstream gradient.
+    The leaves' gradients are dropped before each run: accumulating into them would
+    add a pass over the state that no training step makes."""
     leaves = [x for x in inputs if x is not None]
-    grad = torch.randn_like(fn(*inputs))
+    grad = torch.randn(fn(*inputs).shape, generator=torch.Generator(DEVICE).manual_seed(seed), device=DEVICE)
 
     def step():
+        for x in leaves:
+            x.grad = None
         fn(*inputs).backward(grad)
 
-    return do_bench(step, grad_to_none=leaves, return_mode="median")
+    return median_ms(step)
 
 
-def bench_ops():
-    import kernels  # needs triton, which the CPU sections do without
-    copy = copy_bytes_per_s()
-    print(f"device-to-device copy: {copy / 1e12:.2f} TB/s ({100 * copy / DATASHEET_BYTES_PER_S:.0f}% of the datasheet's "
-          f"{DATASHEET_BYTES_PER_S / 1e12:.1f} TB/s)\n")
-    cases = [("sinkhorn", None, None)] + [("stream_read", C, None) for C in WIDTHS]
-    cases += [("stream_write", C, mix) for C in WIDTHS for mix in ("full", "diagonal", "none")]
-    print(f"triton: kernels.py; baseline: {baseline.__name__}.py, the ops of --kernels=fused; forward + backward\n")
-    print("| op | T | C | triton us | baseline us | baseline / triton | triton GB/s | % of copy | % of datasheet |")
+def bench_ops(kernels, copy):
+    """Each stream op, forward + backward, three ways: residuals.py eager, residuals.py
+    under torch.compile (static shapes: what a GPU user with fixed batches gets), and
+    kernels.py. GB/s: op_bytes' ideal bytes over the time, for all three alike."""
+    n, T, C = STREAMS, OP_TOKENS, OP_WIDTH
+    cases = [("sinkhorn", None), ("stream_read", None)] + [("stream_write", mix) for mix in ("full", "diagonal", "none")]
+    print(f"stream ops, forward + backward, n = {n}, {T} tokens, C = {C}; float32 state and coefficients, bf16 y; "
+          f"GB/s of the ideal bytes (op_bytes: every input read once, every output written once) and its share "
+          f"of the copy's {copy / 1e9:.3g} GB/s\n")
+    print("| op | MB moved | reference eager us | reference compiled us | triton us | eager GB/s (copy %) "
+          "| compiled GB/s (copy %) | triton GB/s (copy %) | compiled / triton |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for op, C, mix in cases:
-        for T in TOKENS:
-            inputs = op_inputs(op, T, C, mix)
-            ours, theirs = (time_fwd_bwd(getattr(impl, op), inputs) for impl in (kernels, baseline))
-            moved = T * sum(op_bytes(op, STREAMS, C, mix=mix or "full")) / (ours * 1e-3)
-            name = f"{op} ({mix})" if mix else op
-            print(f"| {name} | {T} | {C or '-'} | {1e3 * ours:.1f} | {1e3 * theirs:.1f} | {theirs / ours:.2f}x | "
-                  f"{moved / 1e9:.0f} | {100 * moved / copy:.0f} | {100 * moved / DATASHEET_BYTES_PER_S:.0f} |", flush=True)
+    for op, mix in cases:
+        inputs = op_inputs(op, mix)
+        compiled = torch.compile(getattr(residuals, op), dynamic=False, backend=BACKEND)
+        ms = [time_fwd_bwd(fn, inputs) for fn in (getattr(residuals, op), compiled, getattr(kernels, op))]
+        moved = T * sum(op_bytes(op, n, C, mix=mix or "full"))
+        rates = [moved / (t * 1e-3) for t in ms]
+        name = f"{op} ({mix})" if mix else op
+        print(f"| {name} | {moved / 1e6:.3g} | " + " | ".join(f"{1e3 * t:.1f}" for t in ms) + " | "
+              + " | ".join(f"{r / 1e9:.3g} ({100 * r / copy:.0f}%)" for r in rates)
+              + f" | {ms[1] / ms[2]:.2f}x |", flush=True)
 
 
-def train_step_ms(residual, kernel_impl, batch_size=8, block_size=1024):
-    """Median ms of one AdamW training step of a GPT-2 small (12 x 768) in bf16 autocast."""
-    from triton.testing import do_bench
+def train_step_ms(residual, kernel_impl, compiled):
+    """Median ms of one AdamW training step of STEP_MODEL on random tokens, under bf16
+    autocast on a GPU (float32 in the dry run); the model compiled as train.py's
+    --compile=True does (the optimizer step stays eager)."""
+    size = dict(STEP_MODEL)
+    batch = size.pop("batch")
     n_streams = residuals.TOPOLOGIES[residual].default_n_streams
-    config = GPTConfig(block_size=block_size, residual=residual, n_streams=n_streams, kernels=kernel_impl)
+    config = GPTConfig(**size, vocab_size=65, bias=False, dropout=0.0, residual=residual, n_streams=n_streams,
+                       kernels=kernel_impl)
+    torch.manual_seed(seed)
     model = GPT(config).to(DEVICE)
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), DEVICE)
-    x = torch.randint(0, config.vocab_size, (batch_size, block_size), device=DEVICE)
+    forward = torch.compile(model, backend=BACKEND) if compiled else model
+    gen = torch.Generator(DEVICE).manual_seed(seed)
+    x, y = torch.randint(0, 65, (2, batch, config.block_size), generator=gen, device=DEVICE)
 
     def step():
-        with torch.autocast(DEVICE, dtype=torch.bfloat16):
-            _, loss = model(x, x)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
+            _, loss = forward(x, y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return do_bench(step, warmup=200, rep=1000, return_mode="median")  # 16 of them: gpu_check.sh gives bench.py 2 min
+    step()  # compiles a compiled model, outside the timing
+    return median_ms(step)
 
 
 def bench_train():
-    print("\ntraining step, GPT 12 x 768, batch 8 x 1024, bf16 autocast, AdamW; median ms\n")
-    print("| topology | n | triton ms | torch ms | triton / residual | torch / residual |")
-    print("|---|---|---|---|---|---|")
+    size = STEP_MODEL
+    print(f"\ntraining step, GPT {size['n_layer']} x {size['n_embd']}, batch {size['batch']} x {size['block_size']}, "
+          f"{'bf16 autocast' if DEVICE == 'cuda' else 'float32'}, AdamW; median ms. reference: residuals.py's ops, "
+          f"eager and with the model under torch.compile; triton: kernels.py's ops, eager. Ratios to residual "
+          f"run the same way (triton's to residual eager: residual has no stream ops)\n")
+    print("| topology | n | reference eager ms | reference compiled ms | triton ms | eager / residual "
+          "| compiled / residual | triton / residual | compiled / triton |")
+    print("|---|---|---|---|---|---|---|---|---|")
     base = None
-    for name in residuals.TOPOLOGIES:  # a row as soon as it is measured
-        ms = {impl: train_step_ms(name, impl) for impl in ("triton", "fused")}
-        base = base or ms["fused"]
+    for name in STEP_TOPOLOGIES:  # a row as soon as it is measured
+        eager, compiled = train_step_ms(name, "reference", False), train_step_ms(name, "reference", True)
+        base = base or (eager, compiled)
         n = residuals.TOPOLOGIES[name].default_n_streams
-        print(f"| {name} | {n} | {ms['triton']:.1f} | {ms['fused']:.1f} | {ms['triton'] / base:.2f} | "
-              f"{ms['fused'] / base:.2f} |", flush=True)
+        if name == "residual":
+            print(f"| {name} | {n} | {eager:.1f} | {compiled:.1f} | - | 1.00 | 1.00 | - | - |", flush=True)
+            continue
+        triton = train_step_ms(name, "triton", False)
+        print(f"| {name} | {n} | {eager:.1f} | {compiled:.1f} | {triton:.1f} | {eager / base[0]:.2f} | "
+              f"{compiled / base[1]:.2f} | {triton / base[0]:.2f} | {compiled / triton:.2f}x |", flush=True)
 
 
 def print_bytes():
-    print(f"bytes per token, n = {STREAMS}, the model's dtypes: float32 state and coefficients, bf16 sublayer output "
-          "(sinkhorn: per matrix)\n")
-    print("| op | C | forward | backward |")
-    print("|---|---|---|---|")
-    print("| sinkhorn | - | %d | %d |" % op_bytes("sinkhorn", STREAMS, 0))
-    for C in WIDTHS:
-        print(f"| stream_read | {C} | %d | %d |" % op_bytes("stream_read", STREAMS, C))
-        for mix in ("full", "diagonal", "none"):
-            print(f"| stream_write ({mix}) | {C} | %d | %d |" % op_bytes("stream_write", STREAMS, C, mix=mix))
+    print(f"bytes per token, n = {STREAMS}, C = {OP_WIDTH}, the model's dtypes: float32 state and coefficients, "
+          "bf16 sublayer output (sinkhorn: per matrix)\n")
+    print("| op | forward | backward |")
+    print("|---|---|---|")
+    print("| sinkhorn | %d | %d |" % op_bytes("sinkhorn", STREAMS, 0))
+    print("| stream_read | %d | %d |" % op_bytes("stream_read", STREAMS, OP_WIDTH))
+    for mix in ("full", "diagonal", "none"):
+        print(f"| stream_write ({mix}) | %d | %d |" % op_bytes("stream_write", STREAMS, OP_WIDTH, mix=mix))
 
 
 # -----------------------------------------------------------------------------
@@ -344,10 +397,24 @@ def print_bytes():
 
 
 def gpu_section():
-    if not torch.cuda.is_available():
-        fail("--device=cuda: torch sees no CUDA GPU")
+    if not dry_run and not torch.cuda.is_available():
+        fail("--device=cuda: torch sees no CUDA GPU (--dry_run=True runs this section's code on the CPU)")
+    try:
+        import kernels  # needs triton, which the CPU sections do without
+    except ModuleNotFoundError as e:
+        fail(f"--device=cuda needs {e.name}, which is not installed")
+    if kernels.INTERPRETED != dry_run:
+        fail(f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')} with --dry_run={dry_run}: the dry run sets it "
+             "to 1 itself; a GPU run needs it unset or 0")
+    torch._dynamo.config.recompile_limit = 64  # every op and model is its own compile
+    name = "CPU, Triton's interpreter: DRY RUN, these times say nothing about a GPU" if dry_run else \
+        torch.cuda.get_device_name()
+    print(f"{name}; torch {torch.__version__}, triton {kernels.triton.__version__}\n")
+    copy = copy_bytes_per_s()
+    print(f"device-to-device copy: {copy / 1e9:.3g} GB/s (reads and writes {'1 MiB' if dry_run else '1 GiB'})\n")
     print_bytes()
-    bench_ops()
+    print()
+    bench_ops(kernels, copy)
     bench_train()
 
 

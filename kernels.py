@@ -1,7 +1,7 @@
 """
 Triton kernels for the three stream ops of residuals.py: Sinkhorn-Knopp, the
 stream read and the fused stream write, with the same signatures as the
-reference there (plus dynamic_read: the reference coefficient maths, then the
+reference there (plus dynamic_read: fused.py's coefficient maths, then the
 read kernel). The model switches with GPTConfig(kernels="triton").
 
 What you will learn here (in the spirit of Triton's tutorials 02-fused-softmax
@@ -38,9 +38,14 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-# No kernels for the coefficient maths (small matmuls: cuBLAS): the switch hands the
-# topologies residuals.py's rms_projection from here, and dynamic_read below uses it.
-from residuals import dynamic_coefficients, rms_projection  # noqa: F401
+# No kernels for the coefficient maths (small matmuls: cuBLAS). The switch hands the
+# topologies fused.py's rms_projection from here, and dynamic_read below uses it: it
+# reads h once for the norm and once in the matmul, where residuals.py's writes a
+# squared and a normalized copy of h (as wide as the state) and keeps the latter for
+# the backward; with it, the triton path's step time differs from fused's only by
+# what the kernels do.
+from fused import rms_projection
+from residuals import float32_or_wider
 
 
 def check_triton_available(device="cuda"):
@@ -432,10 +437,14 @@ def stream_read(h, pre):
 
 
 def dynamic_read(h, W, alpha, groups, bias, eps=1e-6):
-    """residuals.dynamic_read with the read as the kernel above: the coefficient maths
-    is a few small matmuls on (B,T,2n+K) coefficients, left to PyTorch (and cuBLAS)."""
-    pre, post, res = dynamic_coefficients(h, W, alpha, groups, bias, eps)
-    return stream_read(h, pre), post, res
+    """residuals.dynamic_read (residuals.dynamic_coefficients' maths) with fused.py's
+    rms_projection and the read as the kernel above: x (B,T,C), post (B,T,n), res (B,T,K)."""
+    B, T, n, C = h.shape
+    with torch.autocast(h.device.type, enabled=False):
+        u = rms_projection(float32_or_wider(h).reshape(B, T, n * C), W, eps)  # (B,T,2n+K)
+        z = torch.addcmul(bias, u, alpha @ groups)  # (B,T,2n+K)
+    pre, post, res = z.split([n, n, z.shape[-1] - 2 * n], -1)
+    return stream_read(h, pre.sigmoid()), 2 * post.sigmoid(), res
 
 
 # Stream write. out_i = sum_j mix_ij h_j + post_i y (full mix; diagonal: mix_i h_i;

@@ -1273,8 +1273,9 @@ def test_fused_stream_ops_gradcheck(n, mix):
 @pytest.mark.parametrize("shape", [(B, T, 4 * C), (B, T, 4, C), (5, 1)], ids=["flat", "per-stream", "width-1"])
 @pytest.mark.parametrize("expanded", [False, True], ids=["dense", "expanded"])
 def test_rms_projection(shape, expanded):
-    """Only fused.py has its own: kernels.py uses the reference (a cuBLAS matmul)."""
-    assert kernels is None or kernels.rms_projection is residuals.rms_projection
+    """Only fused.py has its own: kernels.py uses fused.py's (a cuBLAS matmul; see
+    test_triton_dynamic_read_keeps_no_copy_of_the_state)."""
+    assert kernels is None or kernels.rms_projection is stream_ops("fused").rms_projection
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g, dtype=torch.float64)
     if expanded:  # a stride-0 view, as the model's first layer hands its state: n equal streams
@@ -1412,6 +1413,35 @@ def test_triton_unavailable_is_an_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="need a CUDA GPU"):
         kernels.stream_read(torch.randn(1, 2, 4, 8), torch.rand(1, 2, 4))
+
+
+def wide_saved_storages(fn, h, *args):
+    """The distinct storages, at least as large as h's, that autograd keeps for the
+    backward of fn(h, *args) (saved_tensors_hooks sees every saved tensor, custom ops'
+    too), other than h's own."""
+    wide = set()
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.nbytes() >= h.untyped_storage().nbytes() and storage.data_ptr() != h.untyped_storage().data_ptr():
+            wide.add(storage.data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(h, *args)
+    return wide
+
+
+@needs_triton
+def test_triton_dynamic_read_keeps_no_copy_of_the_state():
+    """The triton path's coefficients make one pass over h, as fused.py's do: its
+    dynamic_read saves h itself for the backward and nothing else as wide.
+    residuals.py's rms_projection keeps the normalized copy of h: the probe sees it."""
+    inputs, constants = dynamic_read_inputs(4, 16, torch.float32)
+    h, W, alpha, bias = (t.requires_grad_() for t in inputs.values())  # as the model's parameters
+    args = (W, alpha, constants["groups"], bias)
+    assert len(wide_saved_storages(residuals.dynamic_read, h, *args)) >= 1
+    assert wide_saved_storages(stream_ops("triton").dynamic_read, h, *args) == set()
 
 
 # Compiles kernels for a GPU without one, in a subprocess (compiled, not interpreted):
@@ -1695,8 +1725,8 @@ def test_bench_profile_names_where_the_time_goes():
 
 
 # === GPU: skipped without CUDA ===
-# The kernels compiled for a real GPU at the sizes they serve (a 12 x 768 model,
-# 64 x 1024 tokens, n = 2..8), where the interpreter above cannot look: GPU
+# The kernels compiled for a real GPU (C = 768, as in a 12 x 768 model; 8 x 1024
+# tokens; n = 2..8; a state past 2^31 elements), where the interpreter above cannot look: GPU
 # rounding (round-to-nearest bf16, approximate division and exp), reductions over
 # small tiles, determinism, torch.compile. bash gpu_check.sh runs them and bench.py:
 #     TRITON_INTERPRET=0 python -m pytest tests.py -k test_gpu_
@@ -1749,8 +1779,12 @@ GPU_DEVICE = "cpu" if GPU_ON_CPU else "cuda"
 gpu = pytest.mark.skipif(
     kernels is None or not (GPU_ON_CPU or (torch.cuda.is_available() and not kernels.INTERPRETED)),
     reason="needs a CUDA GPU and TRITON_INTERPRET=0 (or GPU_TESTS_ON_CPU=1: tiny sizes in the interpreter)")
-GPU_TOKENS = (3, 21) if GPU_ON_CPU else (64, 1024)  # (B, T)
-GPU_CHUNK = 1 if GPU_ON_CPU else 8  # batch rows per slice of the float64 reference: <= ~10 GB at n = 8, full mix
+# The sweep: every n at a modest size, in one dtype per op (the model's); each other
+# dtype once per op, at n = 4; one state past 2^31 elements (test_gpu_state_past_2_31_elements).
+# 8 x 1024 tokens fill an H200's 132 SMs many times over (2048 programs of 4 tokens
+# at n = 8) and keep the float64 reference small; gpu_check.sh's header counts the bytes.
+GPU_TOKENS = (3, 21) if GPU_ON_CPU else (8, 1024)  # (B, T)
+GPU_CHUNK = 1 if GPU_ON_CPU else 2  # batch rows per slice of the float64 reference: ~3 GB at n = 8, full mix
 GPU_C = 300 if GPU_ON_CPU else 768  # 300: two channel blocks, the second ragged
 # Relative RMS error against float64, by the dtype of the tensor compared. float32:
 # the kernels sum at most C = 768 products in float32 (unit roundoff 6e-8; a sum's
@@ -1772,13 +1806,13 @@ def gpu_poison():
         torch.full(((free // 2) // 4,), float("nan"), device="cuda")
 
 
-def gpu_inputs(op, n, dtypes, mix=None, seed=0):
-    """Random inputs at the GPU tests' sizes, as a dict of the op's arguments."""
+def gpu_inputs(op, n, dtypes, mix=None, seed=0, tokens=GPU_TOKENS):
+    """Random inputs of (B, T) = tokens, as a dict of the op's arguments, drawn on the device."""
     g = torch.Generator(GPU_DEVICE).manual_seed(seed)
     rand = lambda *shape, dtype: torch.rand(*shape, generator=g, device=GPU_DEVICE).to(dtype)
     randn = lambda *shape, dtype: torch.randn(*shape, generator=g, device=GPU_DEVICE).to(dtype)
     h_dtype, y_dtype, coef_dtype = GPU_DTYPES[dtypes]
-    B, T = GPU_TOKENS
+    B, T = tokens
     h = randn(B, T, n, GPU_C, dtype=h_dtype)
     if op == "stream_read":
         return dict(h=h, pre=rand(B, T, n, dtype=coef_dtype))
@@ -1788,17 +1822,15 @@ def gpu_inputs(op, n, dtypes, mix=None, seed=0):
 
 
 @gpu
-@pytest.mark.parametrize("dtypes", ["float32", "bf16"])  # the model's read is all float32
-@pytest.mark.parametrize("n", range(2, 9))
+@pytest.mark.parametrize("n, dtypes", [(n, "float32") for n in range(2, 9)] + [(4, "bf16")])  # the model's read: float32
 def test_gpu_stream_read_matches_float64(n, dtypes):
     gpu_poison()
     check_against_reference("triton", "stream_read", gpu_inputs("stream_read", n, dtypes), GPU_TOL, chunk=GPU_CHUNK)
 
 
 @gpu
-@pytest.mark.parametrize("dtypes", list(GPU_DTYPES))
-@pytest.mark.parametrize("mix", ["none", "diagonal", "full"])
-@pytest.mark.parametrize("n", range(2, 9))
+@pytest.mark.parametrize("n, mix, dtypes", [(n, mix, "model") for n in range(2, 9) for mix in ("none", "diagonal", "full")]
+                         + [(4, mix, dtypes) for mix in ("none", "diagonal", "full") for dtypes in ("float32", "bf16")])
 def test_gpu_stream_write_matches_float64(n, mix, dtypes):
     gpu_poison()
     inputs = gpu_inputs("stream_write", n, dtypes, mix)
@@ -1806,10 +1838,10 @@ def test_gpu_stream_write_matches_float64(n, mix, dtypes):
 
 
 @gpu
-@pytest.mark.parametrize("scale, dtype", [(1, torch.float32), (5, torch.float32), (50, torch.float32),
-                                          (1e4, torch.float32), (3, torch.bfloat16)],
-                         ids=["1-float32", "5-float32", "50-float32", "1e4-float32", "3-bf16"])
-@pytest.mark.parametrize("n", range(2, 9))
+@pytest.mark.parametrize("n, scale, dtype", [(n, 5, torch.float32) for n in range(2, 9)]
+                         + [(4, scale, torch.float32) for scale in (1, 50, 1e4)] + [(4, 3, torch.bfloat16)],
+                         ids=[f"{n}-5-float32" for n in range(2, 9)] + ["4-1-float32", "4-50-float32",
+                                                                         "4-1e4-float32", "4-3-bf16"])
 def test_gpu_sinkhorn_matches_float64(n, scale, dtype):
     """One matrix per token. At scale 1e4 the true gradient is ~1e-30, below float32's
     rounding of O(1) numbers: it is compared against the upstream gradient's scale."""
@@ -1843,6 +1875,46 @@ def test_gpu_kernels_are_deterministic(op, mix):
         assert torch.equal(first_grads[name], second_grads[name]), f"{op}: two runs gave different d {name}"
 
 
+# 64-bit offsets. A state of 704 x 1024 tokens x 4 streams x 768 channels holds
+# 2.2e9 elements (8.9 GB in float32), past 2^31: an offset computed in int32 (a
+# program id times a stride) wraps there, and the last tokens are read from and
+# written to the wrong place or fault. kernels.py computes every offset from token
+# or matrix indices cast to int64 first (_tokens, _load_coefs, the mix rows, the
+# Sinkhorn tile). In the interpreter: a tiny stand-in, the same code path.
+GPU_LARGE_TOKENS = (1, 40) if GPU_ON_CPU else (1, 704 * 1024)
+GPU_LARGE_CHECKED = 8 if GPU_ON_CPU else 64  # tokens compared at each end
+
+
+@gpu
+@pytest.mark.parametrize("op, mix, dtypes", [("stream_read", None, "float32"), ("stream_write", "full", "model")],
+                         ids=["stream_read", "stream_write-full"])
+def test_gpu_state_past_2_31_elements(op, mix, dtypes):
+    """The kernel on the whole state, forward and backward (float32 upstream gradient:
+    a float64 one would be 18 GB), against the float64 reference on the first and
+    last GPU_LARGE_CHECKED tokens, each past 2^31 elements at the end: every op is
+    per token, so the reference on a slice of tokens, with that slice of the upstream
+    gradient, is the reference's answer there. ~40 GB on the device at the peak."""
+    B, T = GPU_LARGE_TOKENS
+    first_checked = T - GPU_LARGE_CHECKED
+    assert GPU_ON_CPU or first_checked * 4 * GPU_C > 2 ** 31, "the checked tokens must lie past 2^31 elements"
+    if GPU_DEVICE == "cuda":
+        torch.cuda.empty_cache()  # what gpu_poison left cached
+    inputs = {k: None if v is None else v.requires_grad_()
+              for k, v in gpu_inputs(op, 4, dtypes, mix, tokens=GPU_LARGE_TOKENS).items()}
+    out = getattr(kernels, op)(**inputs)
+    upstream = torch.randn(out.shape, generator=torch.Generator(GPU_DEVICE).manual_seed(1), device=GPU_DEVICE)
+    wrt = [k for k, v in inputs.items() if v is not None]
+    grads = dict(zip(wrt, torch.autograd.grad(out, [inputs[k] for k in wrt], upstream)))
+    for part in (slice(0, GPU_LARGE_CHECKED), slice(first_checked, T)):
+        sliced = {k: None if v is None else v.detach()[:, part].double() for k, v in inputs.items()}
+        (ref,), ref_grads = outputs_and_gradients(getattr(residuals, op), sliced, {},
+                                                  upstream=[upstream[:, part].double()])
+        assert_close(f"{op} output, tokens {part.start}..{part.stop}", out[:, part], ref, GPU_TOL[out.dtype])
+        for name in wrt:
+            assert_close(f"{op} d {name}, tokens {part.start}..{part.stop}", grads[name][:, part], ref_grads[name],
+                         GPU_TOL[grads[name].dtype])
+
+
 GPU_TRAIN_ITERS = 4 if GPU_ON_CPU else 20  # the interpreter takes seconds per iteration
 
 
@@ -1867,17 +1939,18 @@ def gpu_train(name, kernels_impl, out_dir, *args):
 # nondeterminism), whichever is larger. In the interpreter (float32 on the CPU):
 # 1e-4 throughout, as in test_training_with_triton_kernels_matches_fused.
 GPU_TRAIN_LIMITS = (1e-4, 1e-4) if GPU_ON_CPU else (2e-3, 2e-2)
-GPU_TRAIN_RUNS = [(name, impl, tag, args) for name in ("mhc", "gated_ihc", "ihc") for impl in ("triton", "fused")
-                  for tag, args in [("eager", ())]] + [("mhc", "fused", "rerun", ()),
-                                                       ("mhc", "triton", "compiled", ("--compile=True",))]
+# Every run eager: the check compiles once, in test_gpu_compiled_model_is_one_graph_and_trains_like_eager,
+# not once more per train.py process.
+GPU_TRAIN_RUNS = [(name, impl, "eager") for name in ("mhc", "gated_ihc", "ihc") for impl in ("triton", "fused")]
+GPU_TRAIN_RUNS.append(("mhc", "fused", "rerun"))
 
 
 @pytest.fixture(scope="module")
 def gpu_training(tmp_path_factory):
     """Every training run of the GPU tests, started at once: {(name, impl, tag): metrics rows}."""
     root = tmp_path_factory.mktemp("gpu_training")
-    procs = {(name, impl, tag): gpu_train(name, impl, root / f"{name}.{impl}.{tag}", *args)
-             for name, impl, tag, args in GPU_TRAIN_RUNS}
+    procs = {(name, impl, tag): gpu_train(name, impl, root / f"{name}.{impl}.{tag}")
+             for name, impl, tag in GPU_TRAIN_RUNS}
     rows = {}
     for key, proc in procs.items():
         out, _ = proc.communicate(timeout=1800)
@@ -1901,32 +1974,38 @@ def test_gpu_training_triton_matches_fused(name, gpu_training):
         assert gap <= limit, f"{name} at iteration {it}: triton and fused losses differ by {gap:.2e} > {limit:.0e}"
 
 
-@gpu
-def test_gpu_compiled_training_with_triton_kernels(gpu_training):
-    """--compile=True --kernels=triton trains (the kernels are custom ops that dynamo
-    keeps whole) and matches the eager run."""
-    compiled, eager = gpu_training[("mhc", "triton", "compiled")], gpu_training[("mhc", "triton", "eager")]
-    assert compiled[-1]["val_loss"] < compiled[0]["val_loss"], [r["val_loss"] for r in compiled]
-    for it, limit in zip((0, GPU_TRAIN_ITERS), GPU_TRAIN_LIMITS):
-        gap = gpu_gap(compiled, eager, it)
-        assert gap <= limit, f"iteration {it}: compiled and eager losses differ by {gap:.2e} > {limit:.0e}"
+GPU_COMPILED_STEPS = 1 if GPU_ON_CPU else 10  # AdamW steps after the first
 
 
 @gpu
-def test_gpu_compiled_model_is_one_graph():
+def test_gpu_compiled_model_is_one_graph_and_trains_like_eager():
     """dynamo traces a model on the Triton kernels without a graph break
-    (fullgraph=True raises at the first one), forward and backward."""
+    (fullgraph=True raises at the first one), forward and backward; the compiled
+    model's first loss and gradients equal the eager model's, and after
+    GPU_COMPILED_STEPS AdamW steps on the same batches its loss is still within
+    GPU_TRAIN_LIMITS of eager's (float32 here, so tighter than under autocast)."""
     torch.manual_seed(0)
     config = GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=2, n_embd=64, residual="mhc", n_streams=4,
                        kernels="triton")
-    model = GPT(config).to(GPU_DEVICE)
-    idx = torch.randint(0, 65, (2, 64), device=GPU_DEVICE)
-    _, loss = torch.compile(model, fullgraph=True, backend="aot_eager" if GPU_ON_CPU else "inductor")(idx, idx)
-    loss.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    _, eager = model(idx, idx)
-    eager.backward()
-    assert_close("compiled loss", loss.detach(), eager.detach(), 1e-5)
-    assert_close("compiled gradients", torch.cat([g.flatten() for g in grads]),
-                 torch.cat([p.grad.flatten() for p in model.parameters()]), 1e-5)
+    model, eager = GPT(config).to(GPU_DEVICE), GPT(config).to(GPU_DEVICE)
+    eager.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager" if GPU_ON_CPU else "inductor")
+    runs = [(compiled, model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), GPU_DEVICE)),
+            (eager, eager.configure_optimizers(0.1, 1e-3, (0.9, 0.99), GPU_DEVICE))]
+    gen = torch.Generator(GPU_DEVICE).manual_seed(0)
+    for step in range(GPU_COMPILED_STEPS + 1):
+        x, y = torch.randint(0, 65, (2, 2, 64), generator=gen, device=GPU_DEVICE)  # inputs, targets (B, T)
+        losses = []
+        for net, optimizer in runs:
+            _, loss = net(x, y)
+            loss.backward()
+            losses.append(loss.detach())
+        if step == 0:
+            assert_close("compiled loss", losses[0], losses[1], 1e-5)
+            assert_close("compiled gradients", torch.cat([p.grad.flatten() for p in model.parameters()]),
+                         torch.cat([p.grad.flatten() for p in eager.parameters()]), 1e-5)
+        for _, optimizer in runs:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    gap = (losses[0] - losses[1]).abs().item()
+    assert gap <= GPU_TRAIN_LIMITS[1], f"step {GPU_COMPILED_STEPS}: compiled and eager losses differ by {gap:.2e}"

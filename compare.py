@@ -7,7 +7,7 @@ metrics.jsonl. A preset fixes train.py's arguments for every run, its variants
     python compare.py                  # CPU: 8 topologies x 3 seeds of train.py's CPU model (~1 hour on 2 cores)
     python compare.py --preset=gpu     # one GPU: nanoGPT's 6 x 384 shakespeare_char model, one run at a time
     python compare.py --preset=gates   # CPU: 11 variants (gate options) x 3 seeds, CPU model (~75 min on 2 cores)
-    python compare.py --preset=depth   # CPU: 8 variants x 3 seeds, a deeper 12 x 64 model (~51 min on 2 cores)
+    python compare.py --preset=depth   # CPU: 8 variants x 3 seeds, a deeper 12 x 64 model (~50 min on 2 cores)
     python compare.py --variants=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
 
 Each run is `python train.py <preset's arguments> <--train_args> <variant's arguments>
@@ -83,11 +83,12 @@ PRESETS = dict(
         "norm_gated_ihc.deviations": NORM_GATED + CLIP + ["--gate_deviations=True"],
     }),
     # three times the CPU model's depth at half its width (12 x 64, about as many weights as 4 x 128),
-    # half its iterations; the gated topologies with the gate the gates preset chose, and with clip
+    # half its iterations; the gated topologies with the default gate (stretched_sigmoid, starting at 0.9
+    # inside its clip), and with clip
     depth=Preset(["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4", "--max_iters=1000"], {
         **each("residual", "hc", "mhc", "mhc_lite", "ihc"),
-        "mean_gated_ihc": ["--residual=mean_gated_ihc", "--gate=stretched_sigmoid"] + AT_ONE,
-        "norm_gated_ihc": NORM_GATED + ["--gate=stretched_sigmoid"] + AT_ONE,
+        "mean_gated_ihc": ["--residual=mean_gated_ihc", "--gate=stretched_sigmoid"],
+        "norm_gated_ihc": NORM_GATED + ["--gate=stretched_sigmoid"],
         "norm_gated_ihc.clip": NORM_GATED + CLIP,
     }),
 )

@@ -8,6 +8,7 @@ metrics.jsonl. A preset fixes train.py's arguments for every run, its variants
     python compare.py --preset=gpu     # one GPU: nanoGPT's 6 x 384 shakespeare_char model, one run at a time
     python compare.py --preset=gates   # CPU: 11 variants (gate options) x 3 seeds, CPU model (~75 min on 2 cores)
     python compare.py --preset=depth   # CPU: 8 variants x 3 seeds, a deeper 12 x 64 model (~50 min on 2 cores)
+    python compare.py --preset=hc_ablation  # CPU: why hc wins at depth, 8 variants x 3 seeds (~55 min on 2 cores)
     python compare.py --variants=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
 
 Each run is `python train.py <preset's arguments> <--train_args> <variant's arguments>
@@ -65,6 +66,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NORM_GATED = ["--residual=norm_gated_ihc"]
 CLIP = ["--gate=clip"]  # the gate the study started from, named so that a change of default cannot change it
 AT_ONE = ["--gate_init=1"]  # the init these runs had before the default moved inside the clip
+DEPTH = ["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4", "--max_iters=1000"]
+HC, IHC = ["--residual=hc"], ["--residual=ihc"]
 # Labels name run directories and files: letters, digits, _ and . only.
 PRESETS = dict(
     cpu=Preset(["--device=cpu"], each(*TOPOLOGIES)),
@@ -85,15 +88,27 @@ PRESETS = dict(
     # three times the CPU model's depth at half its width (12 x 64, about as many weights as 4 x 128),
     # half its iterations; the gated topologies with the default gate (stretched_sigmoid, starting at 0.9
     # inside its clip), and with clip
-    depth=Preset(["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4", "--max_iters=1000"], {
+    depth=Preset(DEPTH, {
         **each("residual", "hc", "mhc", "mhc_lite", "ihc"),
         "mean_gated_ihc": ["--residual=mean_gated_ihc", "--gate=stretched_sigmoid"],
         "norm_gated_ihc": NORM_GATED + ["--gate=stretched_sigmoid"],
         "norm_gated_ihc.clip": NORM_GATED + CLIP,
     }),
+    # why hc wins at depth: its mixing taken away part by part, and its read and write given to ihc one
+    # choice at a time (residuals.py; hc.mix_identity is ihc with all three choices at once)
+    hc_ablation=Preset(DEPTH, baselines=("hc", "ihc"), variants={
+        "hc": HC,
+        "hc.mix_static": HC + ["--hc_mix=static"],  # A_r = A_static: the same mixing for every token
+        "hc.mix_diagonal": HC + ["--hc_mix=diagonal"],  # only A_r's diagonal: a per-stream gate, signed, unbounded
+        "hc.mix_identity": HC + ["--hc_mix=identity"],  # no mixing at all: hc's read and write on ihc
+        "ihc": IHC,
+        "ihc.stream": IHC + ["--coefficients_from=stream"],  # each stream's coefficients from its own state
+        "ihc.signed": IHC + ["--read_write=signed"],  # pre, post = bias + a tanh(.): any sign, unbounded
+        "ihc.signed_one_hot": IHC + ["--read_write=signed", "--read_init=one_hot"],  # and hc's one-hot read
+    }),
 )
 
-preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth
+preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation
 variants = "all"  # comma-separated labels of the preset's variants, or all
 seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
 train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"

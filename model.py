@@ -43,9 +43,17 @@ class GPTConfig:
     gate: str = "stretched_sigmoid"  # gated topologies: how logits become gates, a key of residuals.GATES
     gate_init: float = 0.0  # gated topologies: every gate's value at step 0, in (0, 1]; 0: the gate's own init
     gate_deviations: bool = False  # gated_ihc, norm_gated_ihc: gate only the deviations from the stream mean
+    # hc's choices, one at a time (residuals.py; the ablation in results/README.md)
+    hc_mix: str = "dynamic"  # hc: what mixes the streams, one of HC_MIXES
+    coefficients_from: str = "state"  # mhc, mhc_lite, the iHC family: state (mHC) or stream (each stream's own, hc)
+    read_write: str = "bounded"  # mhc, mhc_lite, the iHC family: bounded (sigmoid, mHC) or signed (bias + a tanh, hc)
+    read_init: str = "spread"  # mhc, mhc_lite, the iHC family: spread (0.73 on one stream) or one_hot (hc; needs signed)
     kernels: str = "fused"  # implementation of the stream ops: reference, fused or triton (see stream_ops)
 
 
+HC_MIXES = ("dynamic", "static", "diagonal", "identity")
+STREAM_CHOICES = dict(coefficients_from=("state", "stream"), read_write=("bounded", "signed"),
+                      read_init=("spread", "one_hot"))
 OLD_CHECKPOINT_GATE = dict(gate="clip")  # under model_args when a checkpoint has no "gate"
 
 
@@ -75,6 +83,7 @@ def check_config(config):
     if config.kernels not in KERNELS:
         raise ValueError(f"unknown kernels '{config.kernels}'; choose one of: {', '.join(KERNELS)}")
     check_gate_config(config)
+    check_hc_choices(config)
 
 
 def check_gate_config(config):
@@ -95,6 +104,27 @@ def check_gate_config(config):
     if mean_only and issubclass(topology, residuals.MeanGatedIHC):
         raise ValueError(f"{', '.join(mean_only)}: mean_gated_ihc has one gate for all streams and gates only "
                          f"the deviations already; use gated_ihc or norm_gated_ihc")
+
+
+def check_hc_choices(config):
+    """hc_mix on hc only; hc's read and write choices on the mHC skeleton only; each
+    a known value, and never one that would be ignored."""
+    topology = TOPOLOGIES[config.residual]
+    if config.hc_mix not in HC_MIXES:
+        raise ValueError(f"unknown hc_mix '{config.hc_mix}'; choose one of: {', '.join(HC_MIXES)}")
+    if config.hc_mix != GPTConfig.hc_mix and topology is not residuals.HyperConnection:
+        raise ValueError(f"hc_mix applies to hc only, not to '{config.residual}'")
+    for key, allowed in STREAM_CHOICES.items():
+        value = getattr(config, key)
+        if value not in allowed:
+            raise ValueError(f"unknown {key} '{value}'; choose one of: {', '.join(allowed)}")
+        if value != getattr(GPTConfig, key) and not issubclass(topology, residuals.DynamicStreams):
+            raise ValueError(f"{key} applies to mhc, mhc_lite and the iHC family only, not to '{config.residual}'")
+    if config.read_init == "one_hot" and config.read_write != "signed":
+        raise ValueError("read_init=one_hot needs read_write=signed: a sigmoid never reaches 0 or 1")
+    if config.coefficients_from == "stream" and issubclass(topology, residuals.MeanGatedIHC):
+        raise ValueError("coefficients_from=stream gives each stream its own MIX logits; mean_gated_ihc has one "
+                         "gate for all streams")
 
 
 KERNELS = ("reference", "fused", "triton")

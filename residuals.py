@@ -119,6 +119,11 @@ class HyperConnection(nn.Module):
     paper's A_r^T H): row i, made from stream i, says where stream i's content goes.
     Init (Eq. 14): W = 0, s = alpha_init, post = 1, pre = e_{k mod n}, A_r = I.
     Nothing bounds A_r: the composite gain of many layers can grow (see tests).
+
+    --hc_mix takes parts of the mixing away, read and write unchanged (the ablation
+    in results/README.md): static (A_r = A_static, no tanh part), diagonal (only
+    A_r's diagonal: a signed, unbounded forget gate per stream), identity (no MIX).
+    Each is still the residual network at step 0, where A_r = I.
     """
     n_streams_allowed = (2, 8)
     default_n_streams = 4
@@ -126,10 +131,13 @@ class HyperConnection(nn.Module):
     def __init__(self, config, sublayer_index, ops):
         super().__init__()
         n, C = config.n_streams, config.n_embd
-        self.n, self.ops = n, ops
+        self.n, self.ops, self.config = n, ops, config
         self.proj = nn.Parameter(torch.zeros(C, 2 + n))  # [W_pre | W_post | W_res], weight-decayed
         self.alpha = nn.Parameter(torch.full((3,), config.alpha_init))  # s_pre, s_post, s_res
-        self.register_buffer("groups", scale_groups(1, 1, n), persistent=False)  # (3, 2+n)
+        groups = scale_groups(1, 1, n)  # (3, 2+n)
+        if config.hc_mix == "static":
+            groups[2] = 0  # s_res scales nothing: A_r = A_static
+        self.register_buffer("groups", groups, persistent=False)
         self.pre_static = nn.Parameter(torch.eye(n)[sublayer_index % n])
         self.post_static = nn.Parameter(torch.ones(n))
         self.mix_static = nn.Parameter(torch.eye(n))
@@ -147,14 +155,23 @@ class HyperConnection(nn.Module):
         pre, post, A_r = self.coefficients(h)
         x = self.ops.stream_read(h, pre)  # read
         y = sublayer(x)  # compute
-        return self.ops.stream_write(h, A_r.transpose(-1, -2), post, y)  # mix (A_r^T h) and write
+        return self.ops.stream_write(h, self.mix(A_r), post, y)  # mix (A_r^T h) and write
+
+    def mix(self, A_r):
+        """MIX in stream_write's forms: A_r^T (B,T,n,n); diagonal: (B,T,n); identity: None."""
+        if self.config.hc_mix == "identity":
+            return None
+        if self.config.hc_mix == "diagonal":
+            return A_r.diagonal(dim1=-2, dim2=-1)
+        return A_r.transpose(-1, -2)
 
     def mix_matrix(self, h):
         """The (B,T,n,n) matrix MIX applies to h (for diagnostics): A_r^T."""
-        return self.coefficients(h)[2].transpose(-1, -2)
+        mix = self.mix(self.coefficients(h)[2])
+        return torch.diag_embed(mix) if mix is not None and mix.dim() == 3 else mix
 
 
-def dynamic_coefficients(h, W, alpha, groups, bias, eps=1e-6):
+def dynamic_coefficients(h, W, alpha, groups, bias, eps=1e-6, per_stream=False, signed=False):
     """mHC's coefficients (arXiv 2512.24880, Eqs. 7-9), shared by mhc and every iHC:
 
         z    = (alpha @ groups) * (RMSNorm(flatten(h)) @ W) + bias        (B,T,2n+K)
@@ -162,11 +179,26 @@ def dynamic_coefficients(h, W, alpha, groups, bias, eps=1e-6):
 
     alpha (3,) holds the scales a_pre, a_post, a_res; groups (3, 2n+K) marks which
     logits each scales. h (B,T,n,C), W (n*C, 2n+K), bias (2n+K,) -> pre (B,T,n),
-    post (B,T,n), res (B,T,K), all float32 (or float64 for float64 inputs)."""
+    post (B,T,n), res (B,T,K), all float32 (or float64 for float64 inputs).
+
+    Two of hc's choices, as settings (the ablation in results/README.md):
+    per_stream: stream i's pre_i, post_i and K/n logits from its own normalized state
+    h_i by one shared W (C, 2+K/n), as hc (Eqs. 10-13); signed: hc's pre and post,
+    bias + a tanh(.), of any sign and with no bound on the bias."""
     B, T, n, C = h.shape
     with torch.autocast(h.device.type, enabled=False):
-        z = (alpha @ groups) * rms_projection(float32_or_wider(h).reshape(B, T, n * C), W, eps) + bias
+        h = float32_or_wider(h)
+        if per_stream:
+            z = rms_projection(h, W, eps)  # (B,T,n,2+K/n)
+            z = torch.cat([z[..., 0], z[..., 1], z[..., 2:].flatten(-2)], -1)  # (B,T,2n+K): all pre, all post, res
+        else:
+            z = rms_projection(h.reshape(B, T, n * C), W, eps)  # (B,T,2n+K)
+        if signed:
+            z = torch.cat([z[..., :2 * n].tanh(), z[..., 2 * n:]], -1)
+        z = (alpha @ groups) * z + bias
     pre, post, res = z.split([n, n, z.shape[-1] - 2 * n], -1)
+    if signed:
+        return pre, post, res
     return pre.sigmoid(), 2 * post.sigmoid(), res
 
 
@@ -177,16 +209,17 @@ def dynamic_read(h, W, alpha, groups, bias, eps=1e-6):
     return stream_read(h, pre), post, res
 
 
-def read_weights_init(n, sublayer_index):
+def read_weights_init(n, sublayer_index, one_hot=False):
     """pre at step 0: 0.73 on stream (k mod n), the rest shared evenly, sum 1.
 
     Streams start as equal copies, so equal per-stream coefficients would keep
     them equal forever (a plain residual in disguise). Reading mainly one stream
     (as HC's Eq. 14 does with e_{k mod n}) breaks the symmetry through the
     gradients while the step-0 function stays x + F(x) because sum(pre) = 1.
+    one_hot: HC's e_{k mod n} itself, which a sigmoid cannot reach (read_write=signed).
     """
-    pre = torch.full((n,), 0.27 / (n - 1))
-    pre[sublayer_index % n] = 0.73
+    pre = torch.full((n,), 0.0 if one_hot else 0.27 / (n - 1))
+    pre[sublayer_index % n] = 1.0 if one_hot else 0.73
     return pre
 
 
@@ -198,6 +231,12 @@ class DynamicStreams(nn.Module):
     so at step 0 each coefficient is its bias: pre = read_weights_init, post = 1,
     and the MIX logits' bias, which a subclass gives by `mix_bias(n)` (its length
     is K) together with `mix(res)`, the MIX that the logits make.
+
+    hc's read and write, one choice at a time (the ablation in results/README.md):
+    --coefficients_from=stream (per_stream above), --read_write=signed, and
+    --read_init=one_hot. Each keeps step 0 the residual network (sum(pre) = 1,
+    post = 1). The fast paths fuse only mHC's coefficients with the read; with any
+    of these the coefficients are computed here and only the read is fast.
     """
     n_streams_allowed = (2, 8)
     default_n_streams = 4
@@ -207,20 +246,30 @@ class DynamicStreams(nn.Module):
         n, C = config.n_streams, config.n_embd
         self.n, self.ops, self.config = n, ops, config
         mix_bias = self.mix_bias(n)  # (K,)
-        self.proj = nn.Parameter(torch.zeros(n * C, 2 * n + len(mix_bias)))  # W, weight-decayed
+        self.per_stream, self.signed = config.coefficients_from == "stream", config.read_write == "signed"
+        shape = (C, 2 + len(mix_bias) // n) if self.per_stream else (n * C, 2 * n + len(mix_bias))
+        self.proj = nn.Parameter(torch.zeros(shape))  # W, weight-decayed
         self.alpha = nn.Parameter(torch.full((3,), config.alpha_init))  # a_pre, a_post, a_res
         self.register_buffer("groups", scale_groups(n, n, len(mix_bias)), persistent=False)  # (3, 2n+K)
-        pre = read_weights_init(n, sublayer_index)
-        b_pre = torch.log(pre / (1 - pre))  # sigmoid(b_pre) = pre
-        b_post = torch.zeros(n)  # 2 sigmoid(0) = 1
+        pre = read_weights_init(n, sublayer_index, one_hot=config.read_init == "one_hot")
+        if self.signed:
+            b_pre, b_post = pre, torch.ones(n)  # the coefficients themselves at step 0, as hc's statics
+        else:
+            b_pre = torch.log(pre / (1 - pre))  # sigmoid(b_pre) = pre
+            b_post = torch.zeros(n)  # 2 sigmoid(0) = 1
         self.bias = nn.Parameter(torch.cat([b_pre, b_post, mix_bias]))
 
     def coefficients(self, h):
         """h (B,T,n,C) -> pre (B,T,n), post (B,T,n), res (B,T,K), float32"""
-        return dynamic_coefficients(h, self.proj, self.alpha, self.groups, self.bias)
+        return dynamic_coefficients(h, self.proj, self.alpha, self.groups, self.bias,
+                                    per_stream=self.per_stream, signed=self.signed)
 
     def forward(self, h, sublayer):
-        x, post, res = self.ops.dynamic_read(h, self.proj, self.alpha, self.groups, self.bias)  # read
+        if self.per_stream or self.signed:
+            pre, post, res = self.coefficients(h)
+            x = self.ops.stream_read(h, pre)  # read
+        else:
+            x, post, res = self.ops.dynamic_read(h, self.proj, self.alpha, self.groups, self.bias)  # read
         y = sublayer(x)  # compute
         return self.ops.stream_write(h, self.mix(res), post, y)  # mix and write
 

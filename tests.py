@@ -37,7 +37,7 @@ except ModuleNotFoundError as e:  # no triton (macOS, Windows): its tests skip, 
     kernels = None
 import residuals
 import theory
-from model import GPT, GPTConfig, stream_ops
+from model import GPT, GPTConfig, check_config, stream_ops
 from prepare import DATA_DIR, get_batch, gpt2_tokenizer, prepare_dataset, write_atomically
 from residuals import TOPOLOGIES
 from theory import DT
@@ -242,6 +242,121 @@ def test_coefficients_follow_the_papers_equations(name):
                     a_res * z[..., 2 * n:] + b[2 * n:])
     for got, expected, what in zip((pre, post, res), want, ("pre", "post", "mix" if name == "hc" else "res")):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} {what}: {m}")
+
+
+# hc's choices, each on its own (the ablation of results/README.md): hc's mixing taken
+# apart, and hc's read and write given to the mHC skeleton one choice at a time.
+HC_CHOICES = [("hc", dict(hc_mix=mix)) for mix in ("static", "diagonal", "identity")] + [
+    ("ihc", dict(coefficients_from="stream")), ("ihc", dict(read_write="signed")),
+    ("ihc", dict(read_write="signed", read_init="one_hot")), ("mhc", dict(coefficients_from="stream")),
+    ("norm_gated_ihc", dict(coefficients_from="stream", read_write="signed", read_init="one_hot"))]
+HC_CHOICE_IDS = [f"{name}-" + "-".join(map(str, settings.values())) for name, settings in HC_CHOICES]
+
+
+def written_out_step(topology, settings, h, sublayer):
+    """One sublayer of the topology with these settings, from the equations in
+    residuals.py's docstrings, written out here (HC Eqs. 10-13, mHC Eqs. 7-9)."""
+    n, C = h.shape[-2:]
+    a_pre, a_post, a_res = topology.alpha
+    if isinstance(topology, residuals.HyperConnection):
+        z = F.rms_norm(h, (C,), eps=1e-6) @ topology.proj  # (B,T,n,2+n), per stream
+        pre = topology.pre_static + a_pre * z[..., 0].tanh()
+        post = topology.post_static + a_post * z[..., 1].tanh()
+        A_r = topology.mix_static + (0 if settings["hc_mix"] == "static" else a_res) * z[..., 2:].tanh()
+        mixed = dict(static=torch.einsum("btij,btic->btjc", A_r, h), diagonal=A_r.diagonal(0, -2, -1)[..., None] * h,
+                     identity=h)[settings["hc_mix"]]  # A_r^T h, its diagonal, or nothing
+    else:
+        b = topology.bias
+        if settings.get("coefficients_from") == "stream":
+            z = F.rms_norm(h, (C,), eps=1e-6) @ topology.proj  # (B,T,n,2+K/n): stream i's from h_i
+            z_pre, z_post, z_res = z[..., 0], z[..., 1], z[..., 2:].flatten(-2)
+        else:
+            z = F.rms_norm(h.flatten(-2), (n * C,), eps=1e-6) @ topology.proj  # (B,T,2n+K)
+            z_pre, z_post, z_res = z[..., :n], z[..., n:2 * n], z[..., 2 * n:]
+        if settings.get("read_write") == "signed":
+            pre, post = b[:n] + a_pre * z_pre.tanh(), b[n:2 * n] + a_post * z_post.tanh()
+        else:
+            pre, post = (a_pre * z_pre + b[:n]).sigmoid(), 2 * (a_post * z_post + b[n:2 * n]).sigmoid()
+        mix = topology.mix(a_res * z_res + b[2 * n:])  # the topology's MIX of its logits (tested elsewhere)
+        mixed = residuals.stream_write(h, mix, torch.zeros_like(post), torch.zeros_like(h[..., 0, :]))
+    y = sublayer((pre.unsqueeze(-1) * h).sum(-2))  # (B,T,C)
+    return mixed + post.unsqueeze(-1) * y.unsqueeze(-2)
+
+
+@pytest.mark.parametrize("ops", ["reference", "fused"])
+@pytest.mark.parametrize("name, settings", HC_CHOICES, ids=HC_CHOICE_IDS)
+def test_hc_choices_follow_their_equations(name, settings, ops):
+    """With every weight random (W, the biases and statics, three different scales),
+    the sublayer's output is its equations': a setting that were ignored would give
+    hc's or mHC's default, which these weights make differ."""
+    torch.manual_seed(0)
+    n, width = 4, 8
+    config = GPTConfig(n_embd=width, n_head=2, residual=name, n_streams=n, gate_c_max=10.0, **settings)
+    topology = TOPOLOGIES[name](config, 1, stream_ops(ops)).double()
+    with torch.no_grad():
+        for p in topology.parameters():
+            p.add_(torch.randn_like(p))
+        topology.alpha.copy_(torch.tensor([0.5, 2.0, -3.0]))
+    h = torch.randn(2, 3, n, width, dtype=torch.float64)
+    M = torch.randn(width, width, dtype=torch.float64)
+    sublayer = lambda x: torch.tanh(x @ M)  # noqa: E731
+    with torch.no_grad():
+        torch.testing.assert_close(topology(h, sublayer), written_out_step(topology, settings, h, sublayer),
+                                   rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name, settings", HC_CHOICES, ids=HC_CHOICE_IDS)
+def test_hc_choices_start_as_the_residual_network(name, settings):
+    torch.manual_seed(0)
+    reference = GPT(tiny_config("residual"))
+    model = with_weights_of(reference, tiny_config(name, n_streams=4, **settings))
+    idx = torch.randint(0, 65, (3, 16))
+    with torch.no_grad():
+        err = (model(idx, idx)[0] - reference(idx, idx)[0]).abs().max().item()
+    assert err < 1e-5, f"{name} {settings} at step 0 differs from the residual network by {err}"
+
+
+def test_hc_without_mixing_is_ihc_with_hcs_three_choices():
+    """hc_mix=identity leaves hc's read and write, which are ihc's with all three of
+    hc's choices (per stream, signed, one-hot): with the same weights, the same function."""
+    torch.manual_seed(0)
+    n, width = 4, 8
+    ihc = TOPOLOGIES["ihc"](GPTConfig(n_embd=width, n_head=2, residual="ihc", n_streams=n, coefficients_from="stream",
+                                      read_write="signed", read_init="one_hot"), 3, residuals).double()
+    hc = TOPOLOGIES["hc"](GPTConfig(n_embd=width, n_head=2, residual="hc", n_streams=n, hc_mix="identity"),
+                          3, residuals).double()
+    with torch.no_grad():
+        for p in ihc.parameters():
+            p.add_(torch.randn_like(p))
+        hc.proj[:, :2].copy_(ihc.proj)  # W_pre, W_post; W_res is unused without mixing
+        hc.alpha.copy_(ihc.alpha)
+        hc.pre_static.copy_(ihc.bias[:n])
+        hc.post_static.copy_(ihc.bias[n:])
+        hc.mix_static.copy_(torch.randn(n, n))  # unused without mixing
+    h = torch.randn(2, 3, n, width, dtype=torch.float64)
+    M = torch.randn(width, width, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(hc(h, lambda x: torch.tanh(x @ M)), ihc(h, lambda x: torch.tanh(x @ M)))
+
+
+@pytest.mark.parametrize("read_init, expected", [("one_hot", [0.0, 0.0, 1.0, 0.0]), ("spread", [0.09, 0.09, 0.73, 0.09])])
+def test_read_init_one_hot_reads_one_stream_as_hc(read_init, expected):
+    config = GPTConfig(n_embd=8, n_head=2, residual="ihc", n_streams=4, read_write="signed", read_init=read_init)
+    pre = TOPOLOGIES["ihc"](config, 6, residuals).coefficients(torch.randn(2, 3, 4, 8))[0]  # sublayer 6: stream 2
+    torch.testing.assert_close(pre, torch.tensor(expected).expand_as(pre), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(residual="ihc", hc_mix="identity"), "hc_mix applies to hc only, not to 'ihc'"),
+    (dict(residual="hc", hc_mix="none"), "unknown hc_mix 'none'; choose one of: dynamic, static, diagonal, identity"),
+    (dict(residual="hc", read_write="signed"), "read_write applies to mhc, mhc_lite and the iHC family only"),
+    (dict(residual="ihc", read_init="one_hot"), "read_init=one_hot needs read_write=signed"),
+    (dict(residual="ihc", coefficients_from="streams"), "unknown coefficients_from 'streams'; choose one of: state, stream"),
+    (dict(residual="mean_gated_ihc", coefficients_from="stream"), "mean_gated_ihc has one gate for all streams"),
+])
+def test_hc_choices_are_checked(settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_config(GPTConfig(n_streams=4, **settings))
 
 
 def test_hc_sends_stream_i_where_row_i_of_A_r_says():
@@ -848,7 +963,7 @@ def test_train_checks_out_dir_before_training(tmp_path):
      "norm_gated_ihc.hard_concrete, norm_gated_ihc.init0.9, norm_gated_ihc.static, norm_gated_ihc.deviations (or all)"),
     ("compare.py", ["--seeds=1,x"], "--seeds=1,x: expected comma-separated integers"),
     ("compare.py", ["--seeds=1,1"], "--seeds=1,1: a seed is listed twice"),
-    ("compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu, gates, depth"),
+    ("compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu, gates, depth, hc_ablation"),
     ("compare.py", ["--train=False", "--results_dir=nowhere"], "no metrics in nowhere/metrics for residual-s1337, hc-s1337"),
 ])
 def test_scripts_reject_mistakes_in_one_line(script, args, message):

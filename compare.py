@@ -8,7 +8,8 @@ metrics.jsonl. A preset fixes train.py's arguments for every run, its variants
     python compare.py --preset=gpu     # one GPU: nanoGPT's 6 x 384 shakespeare_char model, one run at a time
     python compare.py --preset=gates   # CPU: 11 variants (gate options) x 3 seeds, CPU model (~75 min on 2 cores)
     python compare.py --preset=depth   # CPU: 8 variants x 3 seeds, a deeper 12 x 64 model (~50 min on 2 cores)
-    python compare.py --preset=hc_ablation  # CPU: why hc wins at depth, 8 variants x 3 seeds (~55 min on 2 cores)
+    python compare.py --preset=hc_ablation  # CPU: why hc wins at depth, 10 variants x 3 seeds (~65 min on 2 cores)
+    python compare.py --preset=depth_long  # CPU: the depth model for 3000 iterations, 4 variants x 2 seeds (~40 min)
     python compare.py --variants=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
 
 Each run is `python train.py <preset's arguments> <--train_args> <variant's arguments>
@@ -66,7 +67,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NORM_GATED = ["--residual=norm_gated_ihc"]
 CLIP = ["--gate=clip"]  # the gate the study started from, named so that a change of default cannot change it
 AT_ONE = ["--gate_init=1"]  # the init these runs had before the default moved inside the clip
-DEPTH = ["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4", "--max_iters=1000"]
+DEEP = ["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4"]  # the depth studies' model
+DEPTH = DEEP + ["--max_iters=1000"]
 HC, IHC = ["--residual=hc"], ["--residual=ihc"]
 # Labels name run directories and files: letters, digits, _ and . only.
 PRESETS = dict(
@@ -101,14 +103,21 @@ PRESETS = dict(
         "hc.mix_static": HC + ["--hc_mix=static"],  # A_r = A_static: the same mixing for every token
         "hc.mix_diagonal": HC + ["--hc_mix=diagonal"],  # only A_r's diagonal: a per-stream gate, signed, unbounded
         "hc.mix_identity": HC + ["--hc_mix=identity"],  # no mixing at all: hc's read and write on ihc
+        "hc.bounded": HC + ["--hc_bounded=True"],  # MIX scaled down where it would amplify: composite gain <= 1
+        "hc.mix_diagonal_bounded": HC + ["--hc_mix=diagonal", "--hc_bounded=True"],  # a signed gate in [-1, 1]
         "ihc": IHC,
         "ihc.stream": IHC + ["--coefficients_from=stream"],  # each stream's coefficients from its own state
         "ihc.signed": IHC + ["--read_write=signed"],  # pre, post = bias + a tanh(.): any sign, unbounded
         "ihc.signed_one_hot": IHC + ["--read_write=signed", "--read_init=one_hot"],  # and hc's one-hot read
     }),
+    # the depth model trained three times as long: does the ranking hold, does hc's gain grow into instability?
+    depth_long=Preset(DEEP + ["--max_iters=3000"], seeds="1337,1338", baselines=("hc", "ihc"), variants={
+        **each("residual", "ihc", "hc"),
+        "hc.mix_diagonal": HC + ["--hc_mix=diagonal"],
+    }),
 )
 
-preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation
+preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, depth_long
 variants = "all"  # comma-separated labels of the preset's variants, or all
 seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
 train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"

@@ -123,7 +123,10 @@ class HyperConnection(nn.Module):
     --hc_mix takes parts of the mixing away, read and write unchanged (the ablation
     in results/README.md): static (A_r = A_static, no tanh part), diagonal (only
     A_r's diagonal: a signed, unbounded forget gate per stream), identity (no MIX).
-    Each is still the residual network at step 0, where A_r = I.
+    --hc_bounded divides MIX, per token, by max(1, its largest absolute row sum):
+    no sublayer amplifies the state, so the composite forward gain stays <= 1, as
+    mHC's does, while the mixing stays signed and dynamic. Each is still the
+    residual network at step 0, where A_r = I.
     """
     n_streams_allowed = (2, 8)
     default_n_streams = 4
@@ -161,9 +164,13 @@ class HyperConnection(nn.Module):
         """MIX in stream_write's forms: A_r^T (B,T,n,n); diagonal: (B,T,n); identity: None."""
         if self.config.hc_mix == "identity":
             return None
-        if self.config.hc_mix == "diagonal":
-            return A_r.diagonal(dim1=-2, dim2=-1)
-        return A_r.transpose(-1, -2)
+        diagonal = self.config.hc_mix == "diagonal"
+        mix = A_r.diagonal(dim1=-2, dim2=-1) if diagonal else A_r.transpose(-1, -2)
+        if self.config.hc_bounded:
+            row_sums = mix.abs() if diagonal else mix.abs().sum(-1)  # (B,T,n)
+            largest = row_sums.amax(-1, keepdim=True).clamp(min=1.0)  # (B,T,1)
+            mix = mix / (largest if diagonal else largest.unsqueeze(-1))
+        return mix
 
     def mix_matrix(self, h):
         """The (B,T,n,n) matrix MIX applies to h (for diagnostics): A_r^T."""

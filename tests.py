@@ -247,10 +247,12 @@ def test_coefficients_follow_the_papers_equations(name):
 # hc's choices, each on its own (the ablation of results/README.md): hc's mixing taken
 # apart, and hc's read and write given to the mHC skeleton one choice at a time.
 HC_CHOICES = [("hc", dict(hc_mix=mix)) for mix in ("static", "diagonal", "identity")] + [
+    ("hc", dict(hc_bounded=True)), ("hc", dict(hc_mix="diagonal", hc_bounded=True))] + [
     ("ihc", dict(coefficients_from="stream")), ("ihc", dict(read_write="signed")),
     ("ihc", dict(read_write="signed", read_init="one_hot")), ("mhc", dict(coefficients_from="stream")),
     ("norm_gated_ihc", dict(coefficients_from="stream", read_write="signed", read_init="one_hot"))]
-HC_CHOICE_IDS = [f"{name}-" + "-".join(map(str, settings.values())) for name, settings in HC_CHOICES]
+HC_CHOICE_IDS = [f"{name}-" + "-".join(v if isinstance(v, str) else k for k, v in settings.items())
+                 for name, settings in HC_CHOICES]
 
 
 def written_out_step(topology, settings, h, sublayer):
@@ -262,9 +264,13 @@ def written_out_step(topology, settings, h, sublayer):
         z = F.rms_norm(h, (C,), eps=1e-6) @ topology.proj  # (B,T,n,2+n), per stream
         pre = topology.pre_static + a_pre * z[..., 0].tanh()
         post = topology.post_static + a_post * z[..., 1].tanh()
-        A_r = topology.mix_static + (0 if settings["hc_mix"] == "static" else a_res) * z[..., 2:].tanh()
-        mixed = dict(static=torch.einsum("btij,btic->btjc", A_r, h), diagonal=A_r.diagonal(0, -2, -1)[..., None] * h,
-                     identity=h)[settings["hc_mix"]]  # A_r^T h, its diagonal, or nothing
+        mix = settings.get("hc_mix", "dynamic")
+        A_r = topology.mix_static + (0 if mix == "static" else a_res) * z[..., 2:].tanh()  # (B,T,n,n)
+        M = dict(static=A_r.mT, dynamic=A_r.mT, diagonal=torch.diag_embed(A_r.diagonal(0, -2, -1)),
+                 identity=torch.eye(n, dtype=h.dtype).expand_as(A_r))[mix]  # the matrix applied to h
+        if settings.get("hc_bounded"):
+            M = M / M.abs().sum(-1).amax(-1).clamp(min=1)[..., None, None]  # no row's absolute sum above 1
+        mixed = M @ h  # (B,T,n,n) @ (B,T,n,C)
     else:
         b = topology.bias
         if settings.get("coefficients_from") == "stream":
@@ -348,6 +354,8 @@ def test_read_init_one_hot_reads_one_stream_as_hc(read_init, expected):
 
 @pytest.mark.parametrize("settings, message", [
     (dict(residual="ihc", hc_mix="identity"), "hc_mix applies to hc only, not to 'ihc'"),
+    (dict(residual="mhc", hc_bounded=True), "hc_bounded applies to hc only, not to 'mhc'"),
+    (dict(residual="hc", hc_mix="identity", hc_bounded=True), "with hc_mix=identity there is none"),
     (dict(residual="hc", hc_mix="none"), "unknown hc_mix 'none'; choose one of: dynamic, static, diagonal, identity"),
     (dict(residual="hc", read_write="signed"), "read_write applies to mhc, mhc_lite and the iHC family only"),
     (dict(residual="ihc", read_init="one_hot"), "read_init=one_hot needs read_write=signed"),
@@ -963,7 +971,7 @@ def test_train_checks_out_dir_before_training(tmp_path):
      "norm_gated_ihc.hard_concrete, norm_gated_ihc.init0.9, norm_gated_ihc.static, norm_gated_ihc.deviations (or all)"),
     ("compare.py", ["--seeds=1,x"], "--seeds=1,x: expected comma-separated integers"),
     ("compare.py", ["--seeds=1,1"], "--seeds=1,1: a seed is listed twice"),
-    ("compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu, gates, depth, hc_ablation"),
+    ("compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu, gates, depth, hc_ablation, depth_long"),
     ("compare.py", ["--train=False", "--results_dir=nowhere"], "no metrics in nowhere/metrics for residual-s1337, hc-s1337"),
 ])
 def test_scripts_reject_mistakes_in_one_line(script, args, message):

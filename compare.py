@@ -26,6 +26,7 @@ val_loss.png, gain.png, grad_norm.png, gates.png (gated variants only), and
 metrics/<label>-sS.jsonl, a copy of every run's metrics: --train=False redraws
 everything from them, byte for byte.
 """
+import atexit
 import itertools
 import json
 import math
@@ -196,9 +197,25 @@ def write_run_info(out_dir, arguments, finished):
         json.dump(dict(arguments=arguments, finished=finished), f)
 
 
+def claim_runs_dir():
+    """One call at a time per runs_dir: two would both start (or resume) the same
+    unfinished runs. The lock goes when the call ends, however it ends but killed."""
+    os.makedirs(runs_dir, exist_ok=True)
+    path = os.path.join(runs_dir, "compare.lock")
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        fail(f"{path} exists: another compare.py is training in {runs_dir}; if none is (one was killed), "
+             f"delete the file and rerun")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()} {shlex.join(['python', *sys.argv])}\n")
+    atexit.register(os.remove, path)
+
+
 def train_all():
     """Train every run not finished yet, `jobs` at a time. Ctrl-C or SIGTERM:
     the running ones save a checkpoint and stop; the next call resumes them."""
+    claim_runs_dir()
     pending = []
     for label, seed in runs:
         arguments, out_dir = train_arguments(label, seed), run_dir(label, seed)

@@ -318,7 +318,8 @@ def has(seed_rows, key):
 
 
 def mean_std(values):
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    """The mean and the sample standard deviation; nan for one value: no spread is known."""
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else math.nan
 
 
 def t_within(t, dof):
@@ -363,7 +364,9 @@ def paired(differences):
     mean, std = mean_std(differences)
     signs = "".join("-" if d < 0 else "+" if d > 0 else "0" for d in differences)
     n = len(differences)
-    if n < 2 or std == 0:
+    if n < 2:
+        return Paired(mean, math.nan, math.nan, math.nan, signs)  # one seed: no interval, no test
+    if std == 0:
         return Paired(mean, mean, mean, math.nan, signs)
     half = t_quantile(0.95, n - 1) * std / math.sqrt(n)
     return Paired(mean, mean - half, mean + half, 1 - t_within(mean / (std / math.sqrt(n)), n - 1), signs)
@@ -408,7 +411,8 @@ def table(rows):
     columns += (["max grad norm"] if grad else []) + ["min per run"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for label, row in rows.items():
-        cells = [f"`{label}`", "{:.4f} ± {:.4f}".format(*row["final"]), "{:.4f} ± {:.4f}".format(*row["best"])]
+        cells = [f"`{label}`"] + [f"{mean:.4f}" + ("" if math.isnan(std) else f" ± {std:.4f}")
+                                  for mean, std in (row["final"], row["best"])]
         cells += [paired_cell(row[f"vs_{name}"]) if label != name else "" for name in baselines]
         cells += [f"{row['tokens_per_sec'] / base:.2f}x" if base else f"{row['tokens_per_sec']:,.0f}"]
         cells += [f"{row['gain_forward']:.3f} / {row['gain_backward']:.3f}"]
@@ -419,6 +423,8 @@ def table(rows):
 
 def paired_cell(d):
     """-0.0343 [-0.0495, -0.0191], p 0.010, ---"""
+    if math.isnan(d.low):
+        return f"{d.mean:+.4f} (one seed: no interval), {d.signs}"
     p = "p n/a" if math.isnan(d.p) else f"p {d.p:.3f}" if d.p >= 0.001 else "p < 0.001"
     return f"{d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}], {p}, {d.signs}"
 

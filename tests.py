@@ -1806,7 +1806,11 @@ def test_compare_names_a_failed_run_in_one_line_and_continues_after_the_fix(tmp_
     result = compare(tmp_path, "--variants=ihc", "--seeds=1", "--train_args=--max_itters=5", check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "unknown key 'max_itters'" in result.stderr.strip().splitlines()[-1]
-    compare(tmp_path, "--variants=ihc", "--seeds=1")  # the failed run left nothing in the way
+    compare(tmp_path, "--variants=residual,ihc", "--seeds=1")  # the failed run left nothing in the way
+    table = (tmp_path / "results" / "results.md").read_text()
+    final = metrics(tmp_path / "runs" / "ihc-s1")[-1]["val_loss"] - metrics(tmp_path / "runs" / "residual-s1")[-1]["val_loss"]
+    assert f"| {final:+.4f} (one seed: no interval), {'-' if final < 0 else '+'} |" in table, table  # not [x, x]
+    assert "±" not in table.split("| variant")[1], "one seed has no standard deviation"
 
 
 def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):

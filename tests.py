@@ -9,10 +9,13 @@ sample.py, theory.py, fused.py and kernels.py (every fast op against
 residuals.py, through model.stream_ops; the Triton kernels run on the CPU in
 Triton's interpreter), compare.py, bench.py.
 """
+import contextlib
+import io
 import json
 import math
 import os
 import re
+import runpy
 import shutil
 import signal
 import statistics
@@ -58,6 +61,27 @@ def run(script, *args, check=True):
     if check:
         assert result.returncode == 0, f"{script} {' '.join(args)} failed:\n{result.stderr[-3000:]}"
     return result
+
+
+def run_in_this_process(script, *args):
+    """(exit status, stdout, stderr) of `python script args`, run in this process: for
+    the command-line mistakes, which a script rejects before any work, where a process
+    per case would spend its seconds importing torch again. A traceback would raise
+    here. (The scripts' exit status from a real process is checked by the tests that
+    train, sample and compare.)"""
+    argv, cwd, out, err = sys.argv, os.getcwd(), io.StringIO(), io.StringIO()
+    sys.argv = [os.path.join(ROOT, script), *args]
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        status = 0
+    except SystemExit as e:
+        status = 0 if e.code is None else e.code
+    finally:
+        sys.argv = argv
+        os.chdir(cwd)
+    return status, out.getvalue(), err.getvalue()
 
 
 def metrics(out_dir, kind="val_loss"):
@@ -726,10 +750,10 @@ def test_gate_logits_outside_the_clip_are_counted(gate, logits):
 
 
 def test_hc_gain_grows_while_mhc_stays_near_one(tmp_path):
-    """200 iterations: unconstrained hc with its tanh scales raised to 1.0 reports
-    a composite gain above 1; mhc's products of doubly stochastic matrices keep
-    column sums at 1 (backward gain) and row sums within the Sinkhorn gap."""
-    common = ["--max_iters=200", "--eval_interval=100", *TINY]
+    """50 iterations: unconstrained hc with its tanh scales raised to 1.0 reports
+    a composite gain above 1 (about 2 here); mhc's products of doubly stochastic
+    matrices keep column sums at 1 (backward gain) and row sums within the Sinkhorn gap."""
+    common = ["--max_iters=50", "--eval_interval=50", *TINY]
     run("train.py", "--residual=hc", "--alpha_init=1.0", f"--out_dir={tmp_path / 'hc'}", *common)
     run("train.py", "--residual=mhc", f"--out_dir={tmp_path / 'mhc'}", *common)
     hc, mhc = metrics(tmp_path / "hc")[-1], metrics(tmp_path / "mhc")[-1]
@@ -927,10 +951,9 @@ def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stde
     (["--residual=mean_gated_ihc", "--gate_deviations=True"], "gate_deviations: mean_gated_ihc has one gate"),
 ])
 def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
-    result = run("train.py", *args, f"--out_dir={tmp_path}", check=False)
-    assert result.returncode == 2
-    assert message in result.stderr and "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
+    assert status == 2 and message in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1
     assert not os.listdir(tmp_path), "a rejected run must not write anything"
 
 
@@ -942,9 +965,9 @@ def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
     (["--init_from=resume"], "--init_from=resume: no checkpoint at"),
 ])
 def test_train_rejects_bad_data_and_system_settings(args, message, tmp_path):
-    result = run("train.py", *args, f"--out_dir={tmp_path}", check=False)
-    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
+    assert status == 2 and message in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1
 
 
 def test_train_checks_out_dir_before_training(tmp_path):
@@ -971,13 +994,13 @@ def test_train_checks_out_dir_before_training(tmp_path):
      "norm_gated_ihc.hard_concrete, norm_gated_ihc.init0.9, norm_gated_ihc.static, norm_gated_ihc.deviations (or all)"),
     ("compare.py", ["--seeds=1,x"], "--seeds=1,x: expected comma-separated integers"),
     ("compare.py", ["--seeds=1,1"], "--seeds=1,1: a seed is listed twice"),
-    ("compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu, gates, depth, hc_ablation, depth_long"),
+    ("compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long"),
     ("compare.py", ["--train=False", "--results_dir=nowhere"], "no metrics in nowhere/metrics for residual-s1337, hc-s1337"),
 ])
 def test_scripts_reject_mistakes_in_one_line(script, args, message):
-    result = run(script, *args, check=False)
-    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    status, _, stderr = run_in_this_process(script, *args)
+    assert status == 2 and message in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1
 
 
 # --- interruption, corruption, divergence, multi-process ---------------------------------
@@ -988,13 +1011,23 @@ def start_training(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+SIGNAL_COMMON = ["--residual=gated_ihc", "--eval_interval=30", "--lr_decay_iters=60", *TINY]
+
+
+@pytest.fixture(scope="module")
+def straight_60(tmp_path_factory):
+    """The metrics of 60 uninterrupted iterations, for both signals' resumed runs."""
+    out = tmp_path_factory.mktemp("straight")
+    run("train.py", "--max_iters=60", f"--out_dir={out}", *SIGNAL_COMMON)
+    return metrics(out)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_signal_saves_and_resume_continues_the_same_run(signum, tmp_path):
+def test_signal_saves_and_resume_continues_the_same_run(signum, straight_60, tmp_path):
     """Stopped by a signal sent when the run reports iteration 15, not after a
     sleep: the stopped run is set to go on for a million iterations, so no machine
     finishes first, on the same learning-rate schedule as the straight 60."""
-    common = ["--residual=gated_ihc", "--eval_interval=30", "--lr_decay_iters=60", *TINY]
-    run("train.py", "--max_iters=60", f"--out_dir={tmp_path / 'straight'}", *common)
+    common = SIGNAL_COMMON
     proc = start_training("--max_iters=1000000", f"--out_dir={tmp_path / 'stopped'}", *common,
                           "--progress=lines", "--log_interval=1")
     for line in proc.stdout:  # handlers are installed before the first iteration
@@ -1007,7 +1040,7 @@ def test_signal_saves_and_resume_continues_the_same_run(signum, tmp_path):
     assert f"saved {tmp_path / 'stopped' / 'ckpt.pt'} at iteration {stopped_at}" in out
     assert 15 <= stopped_at < 60, f"stopped at {stopped_at}: the resume below would check nothing"
     run("train.py", "--max_iters=60", f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", *common)
-    straight, resumed = metrics(tmp_path / "straight"), metrics(tmp_path / "stopped")
+    straight, resumed = straight_60, metrics(tmp_path / "stopped")
     assert [r["iter"] for r in resumed] == [r["iter"] for r in straight] == [0, 30, 60]
     for a, b in zip(straight, resumed):
         assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, f"iter {a['iter']}: {a['val_loss']} vs {b['val_loss']}"
@@ -1079,7 +1112,8 @@ def test_training_with_triton_kernels_matches_fused(name, tmp_path):
     """A few iterations through the Triton kernels (in the interpreter) give the
     losses of the fused path."""
     common = [f"--residual={name}", "--max_iters=4", "--eval_interval=2", "--eval_iters=1", "--batch_size=2",
-              "--block_size=16", *TINY[:3], "--device=cpu", "--progress=False", "--warmup_iters=1"]
+              "--block_size=16", "--n_layer=1", "--n_head=2", "--n_embd=32", "--device=cpu", "--progress=False",
+              "--warmup_iters=1"]  # one layer: both sublayers, half the interpreter's time
     run("train.py", "--kernels=fused", f"--out_dir={tmp_path / 'fused'}", *common)
     env = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run([sys.executable, "train.py", "--kernels=triton", f"--out_dir={tmp_path / 'triton'}",
@@ -1115,20 +1149,19 @@ def test_sample_names_damaged_checkpoints(trained, tmp_path):
     for name, damaged in (("truncated", data[: len(data) // 2]), ("corrupted", data[:100] + b"\0" * 64 + data[164:])):
         (tmp_path / name).mkdir()
         (tmp_path / name / "ckpt.pt").write_bytes(damaged)
-        result = run("sample.py", f"--out_dir={tmp_path / name}", "--device=cpu", check=False)
-        assert result.returncode == 2 and "Traceback" not in result.stderr
-        assert f"cannot load checkpoint {tmp_path / name / 'ckpt.pt'}" in result.stderr
+        status, _, stderr = run_in_this_process("sample.py", f"--out_dir={tmp_path / name}", "--device=cpu")
+        assert status == 2 and f"cannot load checkpoint {tmp_path / name / 'ckpt.pt'}" in stderr, stderr
 
 
 def test_sample_names_characters_outside_the_vocabulary(trained):
-    result = run("sample.py", f"--out_dir={trained}", "--start=naïve ☃", "--device=cpu", check=False)
-    assert result.returncode == 2 and "'ï☃'" in result.stderr and "Traceback" not in result.stderr
+    status, _, stderr = run_in_this_process("sample.py", f"--out_dir={trained}", "--start=naïve ☃", "--device=cpu")
+    assert status == 2 and "'ï☃'" in stderr, stderr
 
 
 def test_checkpoints_from_before_the_gate_options_load_with_the_clip_gate(tmp_path):
     """A checkpoint without a "gate" was trained with clip, the only gate then: it
     samples as clip does, not as today's default gate would."""
-    run("train.py", "--residual=norm_gated_ihc", "--gate=clip", "--max_iters=30", "--eval_interval=30",
+    run("train.py", "--residual=norm_gated_ihc", "--gate=clip", "--max_iters=1", "--eval_interval=1",
         f"--out_dir={tmp_path / 'clip'}", *TINY)
     checkpoint = torch.load(tmp_path / "clip" / "ckpt.pt", weights_only=True)
     for key, value in checkpoint["model"].items():  # gate logits where clip and the default differ most
@@ -1139,9 +1172,10 @@ def test_checkpoints_from_before_the_gate_options_load_with_the_clip_gate(tmp_pa
         args = {k: v for k, v in checkpoint["model_args"].items() if k != "gate"}
         (tmp_path / name).mkdir()
         torch.save({**checkpoint, "model_args": {**args, **({"gate": gate} if gate else {})}}, tmp_path / name / "ckpt.pt")
-    texts = {name: run("sample.py", f"--out_dir={tmp_path / name}", "--num_samples=1", "--max_new_tokens=200",
-                       "--device=cpu").stdout for name in ("clip", "old", "default")}
-    assert texts["old"] == texts["clip"] != texts["default"]
+    texts = {name: run_in_this_process("sample.py", f"--out_dir={tmp_path / name}", "--num_samples=1",
+                                       "--max_new_tokens=200", "--device=cpu") for name in ("clip", "old", "default")}
+    assert all(status == 0 for status, _, _ in texts.values()), texts
+    assert texts["old"][1] == texts["clip"][1] != texts["default"][1]
 
 
 
@@ -1671,13 +1705,25 @@ def test_kernels_compile_without_spills(arch, ns):
 COMPARE_TRAIN_ARGS = " ".join(["--max_iters=30", "--eval_interval=15", *TINY[:-2]])  # compare.py adds device, progress
 
 
+def compare_arguments(out, *args):
+    return ["compare.py", f"--runs_dir={out / 'runs'}", f"--results_dir={out / 'results'}",
+            f"--train_args={COMPARE_TRAIN_ARGS}", *args]
+
+
 def compare(out, *args, check=True):
-    return run("compare.py", f"--runs_dir={out / 'runs'}", f"--results_dir={out / 'results'}",
-               f"--train_args={COMPARE_TRAIN_ARGS}", *args, check=check)
+    return run(*compare_arguments(out, *args), check=check)
 
 
-def test_compare_table_summarises_every_seed(tmp_path):
-    compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1,2,3")
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """One comparison (residual and gated_ihc, 3 seeds) shared by the table and redraw tests."""
+    out = tmp_path_factory.mktemp("compared")
+    result = compare(out, "--variants=residual,gated_ihc", "--seeds=1,2,3")
+    return out, result.stdout + result.stderr
+
+
+def test_compare_table_summarises_every_seed(compared):
+    tmp_path, _ = compared
     table = (tmp_path / "results" / "results.md").read_text()
     for name in ("residual", "gated_ihc"):
         runs = [metrics(tmp_path / "runs" / f"{name}-s{seed}") for seed in (1, 2, 3)]
@@ -1707,22 +1753,24 @@ def test_compare_table_summarises_every_seed(tmp_path):
         assert (tmp_path / "results" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_compare_redraws_the_table_and_plots_byte_for_byte(tmp_path):
+def test_compare_redraws_the_table_and_plots_byte_for_byte(compared, tmp_path):
     """--train=False rewrites results.md and every plot from the metrics copies, the same
     bytes; in a log (not a terminal) progress is a plain line per finished run."""
-    result = compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1")
-    assert "run 2 of 2 finished: " in result.stdout and "\r" not in result.stdout + result.stderr
+    out, output = compared
+    assert "run 6 of 6 finished: " in output and "\r" not in output
     results = tmp_path / "results"
+    shutil.copytree(out / "results", results)
     drawn = {path.name: path.read_bytes() for path in results.iterdir() if path.suffix in (".md", ".png")}
     assert set(drawn) == {"results.md", "val_loss.png", "gain.png", "grad_norm.png", "gates.png"}
     for name in drawn:
         (results / name).unlink()  # the redraw must write each file again, not find it
-    compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1", "--train=False")
+    redraw = ["compare.py", f"--runs_dir={out / 'runs'}", f"--results_dir={results}", "--variants=residual,gated_ihc",
+              "--seeds=1,2,3", "--train=False"]
+    run(*redraw, f"--train_args={COMPARE_TRAIN_ARGS}")
     redrawn = {path.name: path.read_bytes() for path in results.iterdir() if path.suffix in (".md", ".png")}
     assert [name for name in drawn if redrawn.get(name) != drawn[name]] == []
-    result = compare(tmp_path, "--variants=residual,gated_ihc", "--seeds=1", "--train=False",
-                     "--train_args=--max_iters=31", check=False)  # not what these runs were trained with
-    assert result.returncode == 2 and "were trained with other arguments" in result.stderr, result.stderr
+    status, _, stderr = run_in_this_process(*redraw, "--train_args=--max_iters=31")  # not what these runs had
+    assert status == 2 and "were trained with other arguments" in stderr, stderr
 
 
 @pytest.mark.parametrize("preset", ["depth"])
@@ -1792,14 +1840,15 @@ def test_compare_skips_finished_runs_and_a_rerun_reproduces_them(tmp_path):
     result = compare(tmp_path / "first", "--variants=mhc", "--seeds=5", "--train_args=--max_iters=10", check=False)
     assert result.returncode == 2 and "was trained with other arguments" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "first" / "runs" / "compare.lock").exists(), "a refused call keeps no lock either"
 
 
 def test_compare_refuses_a_runs_dir_another_call_is_training_in(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "compare.lock").write_text("12345 python compare.py\n")
-    result = compare(tmp_path, "--variants=mhc", "--seeds=5", check=False)
-    assert result.returncode == 2 and "another compare.py is training in" in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs" / "mhc-s5").exists()
+    status, _, stderr = run_in_this_process(*compare_arguments(tmp_path, "--variants=mhc", "--seeds=5"))
+    assert status == 2 and "another compare.py is training in" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "runs" / "mhc-s5").exists()
 
 
 def test_compare_names_a_failed_run_in_one_line_and_continues_after_the_fix(tmp_path):
@@ -1872,7 +1921,7 @@ def test_bench_profile_names_where_the_time_goes():
 # gpu_check.sh's verdicts, on stand-in tests.py and bench.py in a copy of the script:
 # a test that passes, one that skips, one that waits for ever (the time-out is
 # forced, not raced: nothing can make it finish). The stand-ins import no torch, so
-# the 30 s cap leaves a slow or loaded machine ample time for the others.
+# the 15 s cap leaves a slow or loaded machine ample time (ten times) for the others.
 STAND_IN_TESTS = """
 import threading
 import pytest
@@ -1893,14 +1942,14 @@ def test_gpu_waits_for_ever():
     ("skips", "FAIL (nothing ran: 0 passed, 0 failed, 1 skipped)"),
     ("passes or skips", "FAIL (some skipped: 1 passed, 0 failed, 1 skipped)"),
     ("nothing_has_this_name", "FAIL (nothing ran: 0 passed, 0 failed, 0 skipped)"),
-    ("passes or waits", "FAIL (timed out after 30s; finished: 1 passed, 0 failed, 0 skipped)")])
+    ("passes or waits", "FAIL (timed out after 15s; finished: 1 passed, 0 failed, 0 skipped)")])
 def test_check_script_names_every_verdict(kernels_k, verdict, tmp_path):
     for name in ("gpu_check.sh", "configurator.py"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     (tmp_path / "tests.py").write_text(STAND_IN_TESTS)
     (tmp_path / "bench.py").write_text("print('| op | GB/s |')\n")
     env = dict(os.environ, GPU_TESTS_ON_CPU="1", OUT=str(tmp_path / "out"), GPU_CHECK_KERNELS_K=kernels_k,
-               GPU_CHECK_TRAINING_K="passes", GPU_CHECK_TESTS_S="30", GPU_CHECK_BENCH_ARGS="")
+               GPU_CHECK_TRAINING_K="passes", GPU_CHECK_TESTS_S="15", GPU_CHECK_BENCH_ARGS="")
     result = subprocess.run(["bash", str(tmp_path / "gpu_check.sh")], env=env, capture_output=True, text=True,
                             cwd=tmp_path, timeout=300)
     summary = result.stdout

@@ -9,6 +9,7 @@ metrics.jsonl. A preset fixes train.py's arguments for every run, its variants
     python compare.py --preset=gates   # CPU: 11 variants (gate options) x 3 seeds, CPU model (~75 min on 2 cores)
     python compare.py --preset=depth   # CPU: 8 variants x 3 seeds, a deeper 12 x 64 model (~50 min on 2 cores)
     python compare.py --preset=hc_ablation  # CPU: why hc wins at depth, 10 variants x 3 seeds (~65 min on 2 cores)
+    python compare.py --preset=hc_sign_gain  # CPU: hc's mixing kept non-negative and/or bounded, 5 x 3 (~40 min)
     python compare.py --preset=depth_long  # CPU: the depth model for 3000 iterations, 4 variants x 1 seed (~21 min)
     python compare.py --variants=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
 
@@ -111,6 +112,15 @@ PRESETS = dict(
         "ihc.signed": IHC + ["--read_write=signed"],  # pre, post = bias + a tanh(.): any sign, unbounded
         "ihc.signed_one_hot": IHC + ["--read_write=signed", "--read_init=one_hot"],  # and hc's one-hot read
     }),
+    # which property of hc's mixing wins: its signs and its gain, two by two, paired against hc and against
+    # mhc, whose mixing is both non-negative and bounded (doubly stochastic)
+    hc_sign_gain=Preset(DEPTH, baselines=("hc", "mhc"), variants={
+        "hc": HC,  # signed, may amplify
+        "hc.nonnegative": HC + ["--hc_nonnegative=True"],  # A_r >= 0: streams only added, gain free
+        "hc.bounded": HC + ["--hc_bounded=True"],  # signed, no sublayer amplifies
+        "hc.nonnegative_bounded": HC + ["--hc_nonnegative=True", "--hc_bounded=True"],  # row sums <= 1, as mHC's
+        **each("mhc"),
+    }),
     # the depth model trained three times as long: does the ranking hold, does hc's gain grow into instability?
     # One seed (what the budget allowed): a trajectory to look at, not a test
     depth_long=Preset(DEEP + ["--max_iters=3000"], seeds="1337", baselines=("hc", "ihc"), variants={
@@ -119,7 +129,7 @@ PRESETS = dict(
     }),
 )
 
-preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, depth_long
+preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long
 variants = "all"  # comma-separated labels of the preset's variants, or all
 seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
 train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"

@@ -46,6 +46,7 @@ class GPTConfig:
     # hc's choices, one at a time (residuals.py; the ablation in results/README.md)
     hc_mix: str = "dynamic"  # hc: what mixes the streams, one of HC_MIXES
     hc_bounded: bool = False  # hc: MIX scaled down per token to a largest absolute row sum of at most 1
+    hc_nonnegative: bool = False  # hc: A_r's entries clamped at 0: streams are added, never subtracted
     coefficients_from: str = "state"  # mhc, mhc_lite, the iHC family: state (mHC) or stream (each stream's own, hc)
     read_write: str = "bounded"  # mhc, mhc_lite, the iHC family: bounded (sigmoid, mHC) or signed (bias + a tanh, hc)
     read_init: str = "spread"  # mhc, mhc_lite, the iHC family: spread (0.73 on one stream) or one_hot (hc; needs signed)
@@ -113,11 +114,12 @@ def check_hc_choices(config):
     topology = TOPOLOGIES[config.residual]
     if config.hc_mix not in HC_MIXES:
         raise ValueError(f"unknown hc_mix '{config.hc_mix}'; choose one of: {', '.join(HC_MIXES)}")
-    for key in ("hc_mix", "hc_bounded"):
+    for key in ("hc_mix", "hc_bounded", "hc_nonnegative"):
         if getattr(config, key) != getattr(GPTConfig, key) and topology is not residuals.HyperConnection:
             raise ValueError(f"{key} applies to hc only, not to '{config.residual}'")
-    if config.hc_bounded and config.hc_mix == "identity":
-        raise ValueError("hc_bounded bounds hc's mixing; with hc_mix=identity there is none")
+    for key in ("hc_bounded", "hc_nonnegative"):
+        if getattr(config, key) and config.hc_mix == "identity":
+            raise ValueError(f"{key} changes hc's mixing; with hc_mix=identity there is none")
     for key, allowed in STREAM_CHOICES.items():
         value = getattr(config, key)
         if value not in allowed:

@@ -125,8 +125,10 @@ class HyperConnection(nn.Module):
     A_r's diagonal: a signed, unbounded forget gate per stream), identity (no MIX).
     --hc_bounded divides MIX, per token, by max(1, its largest absolute row sum):
     no sublayer amplifies the state, so the composite forward gain stays <= 1, as
-    mHC's does, while the mixing stays signed and dynamic. Each is still the
-    residual network at step 0, where A_r = I.
+    mHC's does, while the mixing stays signed and dynamic. --hc_nonnegative clamps
+    A_r at 0 (before any bound): no stream is subtracted from another or flipped,
+    while the gain stays free. Each is still the residual network at step 0, where
+    A_r = I.
     """
     n_streams_allowed = (2, 8)
     default_n_streams = 4
@@ -165,6 +167,8 @@ class HyperConnection(nn.Module):
         if self.config.hc_mix == "identity":
             return None
         diagonal = self.config.hc_mix == "diagonal"
+        if self.config.hc_nonnegative:
+            A_r = A_r.clamp(min=0)  # a zero entry (A_r = I off the diagonal) still gets its gradient
         mix = A_r.diagonal(dim1=-2, dim2=-1) if diagonal else A_r.transpose(-1, -2)
         if self.config.hc_bounded:
             row_sums = mix.abs() if diagonal else mix.abs().sum(-1)  # (B,T,n)

@@ -271,7 +271,8 @@ def test_coefficients_follow_the_papers_equations(name):
 # hc's choices, each on its own (the ablation of results/README.md): hc's mixing taken
 # apart, and hc's read and write given to the mHC skeleton one choice at a time.
 HC_CHOICES = [("hc", dict(hc_mix=mix)) for mix in ("static", "diagonal", "identity")] + [
-    ("hc", dict(hc_bounded=True)), ("hc", dict(hc_mix="diagonal", hc_bounded=True))] + [
+    ("hc", dict(hc_bounded=True)), ("hc", dict(hc_mix="diagonal", hc_bounded=True)),
+    ("hc", dict(hc_nonnegative=True)), ("hc", dict(hc_nonnegative=True, hc_bounded=True))] + [
     ("ihc", dict(coefficients_from="stream")), ("ihc", dict(read_write="signed")),
     ("ihc", dict(read_write="signed", read_init="one_hot")), ("mhc", dict(coefficients_from="stream")),
     ("norm_gated_ihc", dict(coefficients_from="stream", read_write="signed", read_init="one_hot"))]
@@ -290,6 +291,8 @@ def written_out_step(topology, settings, h, sublayer):
         post = topology.post_static + a_post * z[..., 1].tanh()
         mix = settings.get("hc_mix", "dynamic")
         A_r = topology.mix_static + (0 if mix == "static" else a_res) * z[..., 2:].tanh()  # (B,T,n,n)
+        if settings.get("hc_nonnegative"):
+            A_r = torch.where(A_r > 0, A_r, 0.0)  # no entry below 0
         M = dict(static=A_r.mT, dynamic=A_r.mT, diagonal=torch.diag_embed(A_r.diagonal(0, -2, -1)),
                  identity=torch.eye(n, dtype=h.dtype).expand_as(A_r))[mix]  # the matrix applied to h
         if settings.get("hc_bounded"):
@@ -346,6 +349,23 @@ def test_hc_choices_start_as_the_residual_network(name, settings):
     assert err < 1e-5, f"{name} {settings} at step 0 differs from the residual network by {err}"
 
 
+def test_hc_nonnegative_passes_every_gradient_at_step_0():
+    """At step 0 A_r = I: its off-diagonal entries sit exactly on the clamp's edge.
+    The clamp must pass their gradient there (a relu would not, and the mixing would
+    never leave the diagonal): every gradient equals unclamped hc's."""
+    grads = []
+    for nonnegative in (False, True):
+        torch.manual_seed(0)
+        model = GPT(tiny_config("hc", n_streams=4, hc_nonnegative=nonnegative))
+        idx = torch.randint(0, 65, (3, 16))
+        model(idx, idx)[1].backward()
+        grads.append({name: p.grad for name, p in model.named_parameters() if p.grad is not None})
+    off_diagonal = ~torch.eye(4, dtype=torch.bool)
+    assert grads[0]["transformer.h.0.attn_topology.mix_static"][off_diagonal].abs().min() > 0  # something to pass
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+
+
 def test_hc_without_mixing_is_ihc_with_hcs_three_choices():
     """hc_mix=identity leaves hc's read and write, which are ihc's with all three of
     hc's choices (per stream, signed, one-hot): with the same weights, the same function."""
@@ -380,6 +400,8 @@ def test_read_init_one_hot_reads_one_stream_as_hc(read_init, expected):
     (dict(residual="ihc", hc_mix="identity"), "hc_mix applies to hc only, not to 'ihc'"),
     (dict(residual="mhc", hc_bounded=True), "hc_bounded applies to hc only, not to 'mhc'"),
     (dict(residual="hc", hc_mix="identity", hc_bounded=True), "with hc_mix=identity there is none"),
+    (dict(residual="ihc", hc_nonnegative=True), "hc_nonnegative applies to hc only, not to 'ihc'"),
+    (dict(residual="hc", hc_mix="identity", hc_nonnegative=True), "hc_nonnegative changes hc's mixing"),
     (dict(residual="hc", hc_mix="none"), "unknown hc_mix 'none'; choose one of: dynamic, static, diagonal, identity"),
     (dict(residual="hc", read_write="signed"), "read_write applies to mhc, mhc_lite and the iHC family only"),
     (dict(residual="ihc", read_init="one_hot"), "read_init=one_hot needs read_write=signed"),

@@ -61,6 +61,7 @@ gate_anchor = False  # gated_ihc, norm_gated_ihc: stream 0's gate always 1
 gate_deviations = False  # gated_ihc, norm_gated_ihc: gate only the deviations from the streams' mean
 hc_mix = "dynamic"  # hc: dynamic (A_r^T, the paper), static, diagonal or identity (residuals.py)
 hc_bounded = False  # hc: no sublayer's MIX amplifies (largest absolute row sum <= 1, per token)
+hc_nonnegative = False  # hc: A_r clamped at 0, so streams are only ever added to each other
 coefficients_from = "state"  # mhc, mhc_lite, the iHC family: state (one map of the whole state) or stream (hc's)
 read_write = "bounded"  # mhc, mhc_lite, the iHC family: bounded (sigmoid pre, 2 sigmoid post) or signed (hc's)
 read_init = "spread"  # mhc, mhc_lite, the iHC family: spread (0.73 on stream k mod n) or one_hot (needs signed)

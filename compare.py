@@ -4,13 +4,13 @@ several seeds each, then one results table and four plots from the runs'
 metrics.jsonl. A preset fixes train.py's arguments for every run, its variants
 (a label and the variant's own train.py arguments) and its seeds.
 
-    python compare.py                  # CPU: 8 topologies x 3 seeds of train.py's CPU model (~1 hour on 2 cores)
+    python compare.py                  # CPU: 8 topologies x 3 seeds of train.py's CPU model (~95 min on 2 cores)
     python compare.py --preset=gpu     # one GPU: nanoGPT's 6 x 384 shakespeare_char model, one run at a time
-    python compare.py --preset=gates   # CPU: 11 variants (gate options) x 3 seeds, CPU model (~75 min on 2 cores)
+    python compare.py --preset=gates   # CPU: 11 variants (gate options) x 3 seeds, CPU model (~2 hours on 2 cores)
     python compare.py --preset=depth   # CPU: 8 variants x 3 seeds, a deeper 12 x 64 model (~50 min on 2 cores)
-    python compare.py --preset=hc_ablation  # CPU: why hc wins at depth, 10 variants x 3 seeds (~65 min on 2 cores)
-    python compare.py --preset=hc_sign_gain  # CPU: hc's mixing kept non-negative and/or bounded, 5 x 3 (~40 min)
-    python compare.py --preset=depth_long  # CPU: the depth model for 3000 iterations, 4 variants x 3 seeds (~65 min)
+    python compare.py --preset=hc_ablation  # CPU: why hc wins at depth, 10 variants x 3 seeds (~75 min on 2 cores)
+    python compare.py --preset=hc_sign_gain  # CPU: hc's mixing kept non-negative and/or bounded, 5 x 3 (~70 min)
+    python compare.py --preset=depth_long  # CPU: the depth model for 3000 iterations, 4 variants x 3 seeds (~100 min)
     python compare.py --variants=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
 
 Each run is `python train.py <preset's arguments> <--train_args> <variant's arguments>
@@ -247,6 +247,7 @@ def train_all():
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     total, finished, started = len(pending), 0, time.time()
+    record_call(0, new_call=True)  # on record from its start: a call killed outright keeps what it got done
     with tqdm(total=total, desc="runs", unit="run", dynamic_ncols=True, disable=progress != "bar") as bar:
         while pending or running:
             while pending and len(running) < jobs:
@@ -268,6 +269,7 @@ def train_all():
                     write_run_info(out_dir, arguments, finished=True)
                     bar.update(1)
                     finished += 1
+                    record_call(time.time() - started)
                     if progress == "lines":
                         print(f"run {finished} of {total} finished: {os.path.basename(out_dir)} "
                               f"({(time.time() - started) / 60:.1f} min into this call)", flush=True)
@@ -289,13 +291,19 @@ def train_all():
                        runs={run_name(*run): train_arguments(*run) for run in runs}), f, indent=1)
 
 
-def record_call(seconds):
-    """Append this call (its command and minutes) to <runs_dir>/calls.json and return
-    every call so far: a study resumed over several calls keeps each call's time."""
+def record_call(seconds, new_call=False):
+    """Write this call (its command and minutes so far) into <runs_dir>/calls.json and
+    return every call so far: a study resumed over several calls keeps each call's time.
+    The call is written at its start and after each finished run, so one killed without
+    a chance to clean up (kill -9, a reboot) still counts up to its last finished run."""
     os.makedirs(runs_dir, exist_ok=True)
     path = os.path.join(runs_dir, "calls.json")
     calls = json.load(open(path)) if os.path.exists(path) else []
-    calls.append(dict(command=shlex.join(["python", *sys.argv]), minutes=round(seconds / 60, 1)))
+    this_call = dict(command=shlex.join(["python", *sys.argv]), minutes=round(seconds / 60, 1))
+    if new_call:
+        calls.append(this_call)
+    else:  # this call's own entry, updated
+        calls[-1] = this_call
     with open(path + ".tmp", "w") as f:
         json.dump(calls, f)
     os.replace(path + ".tmp", path)

@@ -1903,6 +1903,8 @@ def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
     while not checkpoint.exists():  # saved at iteration 50: stopped by this event, 350 iterations before the end
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.01)
+    calls = json.loads((tmp_path / "stopped" / "calls.json").read_text())
+    assert len(calls) == 1, "a call is on record while it runs, so a call killed outright (kill -9) is not lost"
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "Rerun the same command to resume" in err, err

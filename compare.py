@@ -11,6 +11,7 @@ metrics.jsonl. A preset fixes train.py's arguments for every run, its variants
     python compare.py --preset=hc_ablation  # CPU: why hc wins at depth, 10 variants x 3 seeds (~75 min on 2 cores)
     python compare.py --preset=hc_sign_gain  # CPU: hc's mixing kept non-negative and/or bounded, 5 x 3 (~70 min)
     python compare.py --preset=depth_long  # CPU: the depth model for 3000 iterations, 4 variants x 3 seeds (~100 min)
+    python compare.py --preset=depth_tuned  # CPU: the depth study with every variant at its own best learning rate
     python compare.py --variants=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
 
 Each run is `python train.py <preset's arguments> <--train_args> <variant's arguments>
@@ -22,10 +23,21 @@ Nothing is lost: a finished run is not trained again, an interrupted one (Ctrl-C
 a crash, a reboot) resumes from its last checkpoint when the command is rerun,
 and a run directory made with other settings is an error, never mixed in.
 
+A preset with a learning-rate grid compares fairly: each variant first trains at
+every rate of the grid on the tuning seed, a seed the comparison does not use; its
+rate is the one with the lowest final val loss there. Where that is an end of the
+grid, the grid grows by its own ratio on that side (up to --extend times) until the
+best rate lies inside it; a best rate still at an end is reported as such. Then
+the comparison's seeds train each variant at its chosen rate. min_lr, where the
+cosine schedule ends, follows the rate at a tenth of it (train.py's defaults,
+1e-3 and 1e-4, have the same ratio), so every rate gets the same schedule's shape.
+
 Writes to results_dir: results.md (the table, the command, the machine),
 val_loss.png, gain.png, grad_norm.png, gates.png (gated variants only), and
-metrics/<label>-sS.jsonl, a copy of every run's metrics: --train=False redraws
-everything from them, byte for byte.
+metrics/<label>-sS.jsonl, a copy of every run's metrics (metrics/tuning/ for the
+tuning runs), and run.json, the record: every call's command, minutes and commit,
+each run's arguments, the grid's losses and the choices. --train=False redraws
+everything from the metrics, byte for byte, and chooses the same rates.
 """
 import atexit
 import itertools
@@ -58,6 +70,22 @@ class Preset(NamedTuple):
     variants: dict  # label -> the variant's own train.py arguments, in the table's order
     seeds: str = "1337,1338,1339"
     baselines: tuple = ("residual", "ihc")  # a paired column for each that is among the chosen variants
+    learning_rates: tuple = ()  # a grid: each variant at its best rate on tuning_seed; (): all at train.py's
+    tuning_seed: int = 1336  # chooses the rates; never one of the comparison's seeds
+
+
+class Run(NamedTuple):
+    """One train.py run: a variant, a seed and, in a tuned comparison, its learning rate."""
+    label: str
+    seed: int
+    rate: float = None  # None: train.py's learning rate
+    tuning: bool = False  # a run of the grid on the tuning seed
+
+    @property
+    def name(self):  # its run directory's and metrics file's name
+        if self.tuning:
+            return os.path.join("tuning", f"{self.label}-lr{self.rate:g}-s{self.seed}")
+        return f"{self.label}-s{self.seed}"
 
 
 def each(*names):
@@ -126,12 +154,23 @@ PRESETS = dict(
         **each("residual", "ihc", "hc"),
         "hc.mix_diagonal": HC + ["--hc_mix=diagonal"],
     }),
+    # the depth study's conclusions rechecked with every variant at its own best learning rate (chosen on seed
+    # 1336 from the grid, which grows where a best rate lands on its end)
+    depth_tuned=Preset(DEPTH, baselines=("residual", "ihc", "hc"), learning_rates=(2e-3, 4e-3, 8e-3), variants={
+        **each("residual", "hc", "mhc", "ihc"),
+        "norm_gated_ihc": NORM_GATED,
+        "hc.bounded": HC + ["--hc_bounded=True"],
+        "hc.mix_identity": HC + ["--hc_mix=identity"],
+    }),
 )
 
-preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long
+preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long, depth_tuned
 variants = "all"  # comma-separated labels of the preset's variants, or all
 seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
 train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"
+learning_rates = ""  # comma-separated grid, e.g. 1e-3,2e-3,4e-3; "" means the preset's (none: train.py's rate)
+tuning_seed = 0  # the seed the grid is trained on; 0 means the preset's (1336)
+extend = 2  # times the grid may grow on one side while a variant's best rate is at that end
 jobs = 0  # runs at a time; 0: one per CPU core on the CPU presets, 1 on gpu
 runs_dir = ""  # "" means compare-<preset>
 results_dir = ""  # "" means results/<preset>
@@ -152,6 +191,18 @@ except ValueError:
     fail(f"--seeds={seeds}: expected comma-separated integers, e.g. 1337,1338,1339")
 if len(set(seed_list)) != len(seed_list):
     fail(f"--seeds={seeds}: a seed is listed twice")
+try:
+    grid = sorted(float(r) for r in learning_rates.split(",")) if learning_rates else sorted(PRESET.learning_rates)
+except ValueError:
+    fail(f"--learning_rates={learning_rates}: expected comma-separated positive numbers, e.g. 1e-3,2e-3,4e-3")
+if any(r <= 0 for r in grid) or len(set(grid)) != len(grid) or len(grid) == 1:
+    fail(f"--learning_rates={learning_rates}: expected at least two distinct positive rates, e.g. 1e-3,2e-3,4e-3")
+tuning_seed = tuning_seed or PRESET.tuning_seed
+if grid and tuning_seed in seed_list:
+    fail(f"--tuning_seed={tuning_seed} is one of the comparison's seeds ({seeds}): the rates must be chosen on "
+         f"a seed the comparison does not use")
+if extend < 0:
+    fail(f"--extend={extend}: expected 0 or a positive number of times the grid may grow")
 if progress not in ("auto", "bar", "lines"):
     fail(f"--progress={progress}: choose one of auto, bar, lines")
 progress = ("bar" if sys.stderr.isatty() else "lines") if progress == "auto" else progress
@@ -162,21 +213,27 @@ jobs = jobs or ((os.cpu_count() or 1) if on_cpu else 1)
 runs_dir = runs_dir or f"compare-{preset}"
 results_dir = results_dir or os.path.join("results", preset)
 metrics_dir = os.path.join(results_dir, "metrics")
-runs = [(label, seed) for seed in seed_list for label in labels]  # seed-major: a stopped run has whole seeds
 
 
-def run_name(label, seed):
-    return f"{label}-s{seed}"
+def comparison_runs(chosen):
+    """Every variant at every seed, seed-major (a stopped comparison has whole seeds),
+    at its chosen rate: {label: rate}, empty without a grid."""
+    return [Run(label, seed, chosen.get(label)) for seed in seed_list for label in labels]
 
 
-def run_dir(label, seed):
-    return os.path.join(runs_dir, run_name(label, seed))
+def run_dir(run):
+    return os.path.join(runs_dir, run.name)
 
 
-def train_arguments(label, seed):
+def rate_arguments(rate):
+    """A run's learning rate and the rate its cosine schedule ends at; none for train.py's."""
+    return [] if rate is None else [f"--learning_rate={rate:g}", f"--min_lr={rate / 10:g}"]
+
+
+def train_arguments(run):
     """train.py's arguments for one run; run.json keeps them to recognise the run."""
-    return PRESET.args + shlex.split(train_args) + PRESET.variants[label] + [
-        f"--seed={seed}", f"--out_dir={run_dir(label, seed)}", "--progress=False"]
+    return PRESET.args + shlex.split(train_args) + PRESET.variants[run.label] + rate_arguments(run.rate) + [
+        f"--seed={run.seed}", f"--out_dir={run_dir(run)}", "--progress=False"]
 
 
 def run_state(out_dir, arguments):
@@ -223,17 +280,38 @@ def claim_runs_dir():
 
 
 def train_all():
-    """Train every run not finished yet, `jobs` at a time. Ctrl-C or SIGTERM:
-    the running ones save a checkpoint and stop; the next call resumes them."""
+    """Train every run not finished yet, `jobs` at a time: the grid on the tuning seed
+    first (if the preset has one), then the comparison at the chosen rates. Ctrl-C or
+    SIGTERM: the running ones save a checkpoint and stop; the next call resumes them."""
     claim_runs_dir()
+    started = time.time()
+    record_call(0, new_call=True)  # on record from its start: a call killed outright keeps what it got done
+    losses = tune(lambda runs: train_runs(runs, "tuning", started), runs_dir)
+    runs = comparison_runs(choices(losses))
+    train_runs(runs, "runs", started)
+    for run in tuning_runs(losses) + runs:
+        os.makedirs(os.path.dirname(os.path.join(metrics_dir, run.name)), exist_ok=True)
+        shutil.copyfile(os.path.join(run_dir(run), "metrics.jsonl"), os.path.join(metrics_dir, run.name + ".jsonl"))
+    with open(os.path.join(results_dir, "run.json"), "w") as f:  # the study's record: --train=False keeps it
+        json.dump(dict(calls=record_call(time.time() - started), jobs=jobs,
+                       machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
+                               f"Python {platform.python_version()}, torch {torch.__version__}",
+                       runs={run.name: train_arguments(run) for run in tuning_runs(losses) + runs},
+                       **(dict(tuning_seed=tuning_seed, grid_losses=losses, chosen=choices(losses)) if grid else {})),
+                  f, indent=1)
+
+
+def train_runs(runs, desc, started):
+    """Train the runs not finished yet, `jobs` at a time; exit (1) naming any run
+    that stopped before its end, after the others have saved."""
     pending = []
-    for label, seed in runs:
-        arguments, out_dir = train_arguments(label, seed), run_dir(label, seed)
+    for run in runs:
+        arguments, out_dir = train_arguments(run), run_dir(run)
         state = run_state(out_dir, arguments)
         if state != "done":
             pending.append((out_dir, arguments, state == "resume"))
-    print(f"{len(runs) - len(pending)} of {len(runs)} runs already finished in {runs_dir}; "
-          f"training {len(pending)}, {jobs} at a time")
+    print(f"{desc}: {len(runs) - len(pending)} of {len(runs)} runs already finished in {runs_dir}; "
+          f"training {len(pending)}, {jobs} at a time", flush=True)
     env = dict(os.environ)
     if on_cpu:  # split the cores between the runs
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
@@ -246,9 +324,8 @@ def train_all():
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    total, finished, started = len(pending), 0, time.time()
-    record_call(0, new_call=True)  # on record from its start: a call killed outright keeps what it got done
-    with tqdm(total=total, desc="runs", unit="run", dynamic_ncols=True, disable=progress != "bar") as bar:
+    total, finished = len(pending), 0
+    with tqdm(total=total, desc=desc, unit="run", dynamic_ncols=True, disable=progress != "bar") as bar:
         while pending or running:
             while pending and len(running) < jobs:
                 out_dir, arguments, resume = pending.pop(0)
@@ -271,35 +348,105 @@ def train_all():
                     finished += 1
                     record_call(time.time() - started)
                     if progress == "lines":
-                        print(f"run {finished} of {total} finished: {os.path.basename(out_dir)} "
+                        print(f"{desc}: run {finished} of {total} finished: {os.path.relpath(out_dir, runs_dir)} "
                               f"({(time.time() - started) / 60:.1f} min into this call)", flush=True)
                 else:  # a failure, or a signal (exit 130/143): start nothing new, let the others save
                     stopped.append(f"{out_dir} (exit {process.returncode}: {last_line(out_dir)})")
                     pending.clear()
-    calls = record_call(time.time() - started)
+    record_call(time.time() - started)
     if stopped:
         print(f"error: {len(stopped)} run(s) stopped before the end: {'; '.join(stopped)}. "
               f"Rerun the same command to resume", file=sys.stderr)
         sys.exit(1)
-    os.makedirs(metrics_dir, exist_ok=True)
-    for label, seed in runs:
-        shutil.copyfile(os.path.join(run_dir(label, seed), "metrics.jsonl"),
-                        os.path.join(metrics_dir, run_name(label, seed) + ".jsonl"))
-    with open(os.path.join(results_dir, "run.json"), "w") as f:  # the study's record: --train=False keeps it
-        json.dump(dict(calls=calls, jobs=jobs, machine=f"{platform.machine()}, {os.cpu_count()} cores, "
-                       f"{platform.system()}, Python {platform.python_version()}, torch {torch.__version__}",
-                       runs={run_name(*run): train_arguments(*run) for run in runs}), f, indent=1)
+
+
+# --- choosing each variant's learning rate ---------------------------------------
+
+
+def tune(train, source):
+    """{label: {rate: final val loss on the tuning seed}}, the grid's runs trained by
+    train(runs) and read from source (runs_dir, or metrics_dir to redraw); {} without
+    a grid. A variant whose best rate is an end of its grid gets one more rate beyond
+    that end, at the grid's ratio there, up to `extend` times. Only the tuning seed's
+    runs are read: no comparison seed can move a choice."""
+    if not grid:
+        return {}
+    rates = {label: list(grid) for label in labels}
+    for growth in itertools.count():
+        runs = [Run(label, tuning_seed, rate, tuning=True) for label in labels for rate in rates[label]]
+        train(runs)
+        losses = {label: {} for label in labels}
+        for run in runs:
+            losses[run.label][run.rate] = final_val_loss(source, run)
+        grown = False
+        for label, rates_ in rates.items():
+            best = min(rates_, key=losses[label].get)
+            if growth < extend and best in (rates_[0], rates_[-1]):
+                beyond = rates_[0] ** 2 / rates_[1] if best == rates_[0] else rates_[-1] ** 2 / rates_[-2]
+                rates_.insert(0 if best == rates_[0] else len(rates_), float(f"{beyond:.3g}"))
+                grown = True
+        if not grown:
+            return losses
+
+
+def final_val_loss(source, run):
+    path = (os.path.join(source, run.name, "metrics.jsonl") if source == runs_dir
+            else os.path.join(source, run.name + ".jsonl"))
+    if not os.path.exists(path):
+        fail(f"no metrics for {run.name} in {source}; train it first (--train=True)")
+    with open(path) as f:
+        return [row for row in map(json.loads, f) if "val_loss" in row][-1]["val_loss"]
+
+
+def choices(losses):
+    """{label: the rate with the lowest final val loss on the tuning seed}."""
+    return {label: min(by_rate, key=by_rate.get) for label, by_rate in losses.items()}
+
+
+def tuning_runs(losses):
+    return [Run(label, tuning_seed, rate, tuning=True) for label, by_rate in losses.items() for rate in by_rate]
+
+
+def grid_table(losses):
+    """Each variant's final val loss on the tuning seed at each rate it trained at, the
+    chosen one in bold, and whether that choice is an end of the grid it grew to."""
+    rates = sorted({rate for by_rate in losses.values() for rate in by_rate})
+    lines = ["| variant | " + " | ".join(f"lr {rate:g}" for rate in rates) + " | chosen |",
+             "|" + "---|" * (len(rates) + 2)]
+    for label, by_rate in losses.items():
+        best = min(by_rate, key=by_rate.get)
+        cells = ["" if rate not in by_rate else f"**{by_rate[rate]:.4f}**" if rate == best else f"{by_rate[rate]:.4f}"
+                 for rate in rates]
+        end = (" (lowest rate tried: the best may be lower)" if best == min(by_rate) else
+               " (highest rate tried: the best may be higher)" if best == max(by_rate) else "")
+        lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {best:g}{end} |")
+    return "\n".join(lines)
+
+
+def code_state():
+    """The commit the code was at and whether tracked files had uncommitted changes
+    (the runs directories are not tracked); None for both outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        return dict(commit=git("rev-parse", "HEAD"), uncommitted_changes=bool(git("status", "--porcelain",
+                                                                                  "--untracked-files=no")))
+    except (OSError, subprocess.CalledProcessError):
+        return dict(commit=None, uncommitted_changes=None)
+
+
+CODE = code_state() if train else {}
 
 
 def record_call(seconds, new_call=False):
-    """Write this call (its command and minutes so far) into <runs_dir>/calls.json and
+    """Write this call (its command, minutes so far and commit) into <runs_dir>/calls.json and
     return every call so far: a study resumed over several calls keeps each call's time.
     The call is written at its start and after each finished run, so one killed without
     a chance to clean up (kill -9, a reboot) still counts up to its last finished run."""
     os.makedirs(runs_dir, exist_ok=True)
     path = os.path.join(runs_dir, "calls.json")
     calls = json.load(open(path)) if os.path.exists(path) else []
-    this_call = dict(command=shlex.join(["python", *sys.argv]), minutes=round(seconds / 60, 1))
+    this_call = dict(command=shlex.join(["python", *sys.argv]), minutes=round(seconds / 60, 1), **CODE)
     if new_call:
         calls.append(this_call)
     else:  # this call's own entry, updated
@@ -313,19 +460,19 @@ def record_call(seconds, new_call=False):
 # --- the report ----------------------------------------------------------------
 
 
-def load_metrics():
+def load_metrics(runs):
     """{label: [rows of seed 1, rows of seed 2, ...]} from <results_dir>/metrics, twice:
     the evaluations (val_loss) and the progress rows (grad_norm)."""
-    paths = {run_name(*run): os.path.join(metrics_dir, run_name(*run) + ".jsonl") for run in runs}
+    paths = {run.name: os.path.join(metrics_dir, run.name + ".jsonl") for run in runs}
     missing = [name for name, path in paths.items() if not os.path.exists(path)]
     if missing:
         fail(f"no metrics in {metrics_dir} for {', '.join(missing)}; train them first (--train=True)")
     curves, progress = ({label: [] for label in labels} for _ in range(2))
-    for label, seed in runs:
-        with open(paths[run_name(label, seed)]) as f:
+    for run in runs:
+        with open(paths[run.name]) as f:
             rows = [json.loads(line) for line in f]
-        curves[label].append([row for row in rows if "val_loss" in row])
-        progress[label].append([row for row in rows if "grad_norm" in row])
+        curves[run.label].append([row for row in rows if "val_loss" in row])
+        progress[run.label].append([row for row in rows if "grad_norm" in row])
     return curves, progress
 
 
@@ -557,7 +704,10 @@ def plot_gates(curves, colors, path):
 
 
 def report():
-    curves, progress = load_metrics()
+    losses = tune(lambda runs: None, metrics_dir)  # the same choices, from the copies of the tuning runs
+    chosen = choices(losses)
+    runs = comparison_runs(chosen)
+    curves, progress = load_metrics(runs)
     if len({len(rows_) for seed_rows in curves.values() for rows_ in seed_rows}) != 1:
         fail(f"the runs in {metrics_dir} have different numbers of evaluations: train them with the same settings")
     rows = summarize(curves, progress)
@@ -566,16 +716,17 @@ def report():
         ("val_loss.png", "validation loss", plot_val_loss, curves), ("gain.png", "composite gain", plot_gain, curves),
         ("grad_norm.png", "gradient norm", plot_grad_norm, progress), ("gates.png", "gates", plot_gates, curves),
     ] if draw(data, colors, os.path.join(results_dir, name))]
-    info = study_record()
+    info = study_record(tuning_runs(losses) + runs)
     shown_args = [os.path.relpath(arg, HERE) if arg.startswith(HERE) else arg
                   for arg in PRESET.args + shlex.split(train_args)]
     text = [f"# Residual topologies compared ({preset} preset)", "",
             f"Each run: `python train.py {shlex.join(shown_args)} <the variant's arguments> --seed=S`, "
             f"seeds {', '.join(map(str, seed_list))}. Variants: "
-            + ", ".join(f"`{label}` (`{shlex.join(PRESET.variants[label])}`)" for label in labels) + "."]
+            + ", ".join(f"`{label}` (`{shlex.join(PRESET.variants[label] + rate_arguments(chosen.get(label)))}`)"
+                        for label in labels) + "."]
     if info:
         calls = info.get("calls") or [dict(command=info["command"], minutes=info["wall_minutes"])]
-        made = " then ".join(f"`{call['command']}` ({call['minutes']} min)" for call in calls)
+        made = " then ".join(f"`{call['command']}` ({call['minutes']} min{at_commit(call)})" for call in calls)
         text[-1] += (f" Made by {made}, {info['jobs']} run(s) at a time on {info['machine']}. tokens/s: over the "
                      f"whole run, with {info['jobs']} run(s) sharing the machine (`python bench.py` times the "
                      f"topologies under equal conditions).")
@@ -586,15 +737,29 @@ def report():
              "seed's sign (-: the variant's loss is the lower). A difference whose interval holds 0 is within "
              "noise, whatever its signs. Max grad norm: the largest global gradient norm before clipping in a "
              "run, mean over seeds.", "", table(rows), ""]
+    if grid:
+        text += [f"Learning rates: each variant trains at its own, chosen on seed {tuning_seed}, which the "
+                 f"comparison does not use: the rate of the lowest final val loss there, from the grid "
+                 f"{', '.join(f'{rate:g}' for rate in grid)}, grown by its ratio on a side where the best rate "
+                 f"was its end (up to --extend={extend} times). min_lr is a tenth of the rate. Final val loss on seed "
+                 f"{tuning_seed} at each rate (bold: the chosen one):", "", grid_table(losses), ""]
     text += [line for plot in plots for line in (plot, "")]
     with open(os.path.join(results_dir, "results.md"), "w") as f:
         f.write("\n".join(text))
-    update_results_readme(text[2] + "\n\n" + table(rows))  # what was run, by which command, where; the table
+    tuned = "\n\n" + grid_table(losses) if grid else ""
+    update_results_readme(text[2] + "\n\n" + table(rows) + tuned)  # what was run, by which command, where; the tables
     print(table(rows))
     print(f"wrote {results_dir}/results.md and the plots")
 
 
-def study_record():
+def at_commit(call):
+    """', at 1a2b3c4' (with uncommitted changes), for calls recorded with their commit."""
+    if not call.get("commit"):
+        return ""
+    return f", at {call['commit'][:7]}" + (" with uncommitted changes" if call["uncommitted_changes"] else "")
+
+
+def study_record(runs):
     """<results_dir>/run.json as train_all wrote it. Its runs must be this report's: a
     results folder trained with other arguments is an error, never a mislabelled table.
     (Studies recorded before run.json listed the runs hold only the last call.)"""
@@ -604,7 +769,7 @@ def study_record():
     with open(path) as f:
         info = json.load(f)
     if "runs" in info:
-        differ = [run_name(*run) for run in runs if info["runs"].get(run_name(*run)) != train_arguments(*run)]
+        differ = [run.name for run in runs if info["runs"].get(run.name) != train_arguments(run)]
         if differ:
             fail(f"{path}: {', '.join(differ)} were trained with other arguments than --preset={preset} gives "
                  f"now; train them again (delete {metrics_dir}) or redraw with the settings they had")

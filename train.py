@@ -113,7 +113,7 @@ out_dir = out_dir or f"out-{residual}"
 lr_decay_iters = lr_decay_iters or max_iters
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
 data_dir = os.path.join(DATA_DIR, dataset)
-if not os.path.exists(os.path.join(data_dir, "train.bin")):
+if not os.path.exists(os.path.join(data_dir, "meta.pkl")):  # written last: the others are complete
     if dataset not in DATASETS:
         fail(f"no data for dataset '{dataset}' in {data_dir}: choose one of {', '.join(DATASETS)} "
              f"or make it with python prepare.py --input=FILE --dataset={dataset}")

@@ -1861,17 +1861,76 @@ def test_readme_summary_quotes_the_committed_results():
 
 
 def test_compare_skips_finished_runs(tmp_path):
-    """(That a run trained again gives the same numbers is checked by the resume test below.)"""
-    compare(tmp_path / "first", "--variants=mhc", "--seeds=5")
+    """With a grid: the tuning seed's runs at each rate, then the comparison's run at the
+    rate whose final loss was the lowest there; a second call trains nothing.
+    (That a run trained again gives the same numbers is checked by the resume test below.)"""
+    grid = ["--learning_rates=1e-3,4e-3", "--tuning_seed=6", "--extend=0"]
+    compare(tmp_path / "first", "--variants=mhc", "--seeds=5", *grid)
+    tuned = {rate: metrics(tmp_path / "first" / "runs" / "tuning" / f"mhc-lr{rate}-s6")[-1]["val_loss"]
+             for rate in ("0.001", "0.004")}
+    best = min(tuned, key=tuned.get)
+    arguments = json.loads((tmp_path / "first" / "runs" / "mhc-s5" / "run.json").read_text())["arguments"]
+    assert f"--learning_rate={best}" in arguments and f"--min_lr={float(best) / 10:g}" in arguments, arguments
+    record = json.loads((tmp_path / "first" / "results" / "run.json").read_text())
+    assert record["chosen"] == {"mhc": float(best)} and record["calls"][0]["commit"], record
     log = tmp_path / "first" / "runs" / "mhc-s5" / "train.log"
     before = log.stat().st_mtime_ns
-    result = compare(tmp_path / "first", "--variants=mhc", "--seeds=5")
-    assert "1 of 1 runs already finished" in result.stdout and log.stat().st_mtime_ns == before
+    result = compare(tmp_path / "first", "--variants=mhc", "--seeds=5", *grid)
+    assert "tuning: 2 of 2 runs already finished" in result.stdout, result.stdout
+    assert "runs: 1 of 1 runs already finished" in result.stdout and log.stat().st_mtime_ns == before
     assert not (tmp_path / "first" / "runs" / "compare.lock").exists(), "a finished call keeps no lock"
-    result = compare(tmp_path / "first", "--variants=mhc", "--seeds=5", "--train_args=--max_iters=10", check=False)
+    result = compare(tmp_path / "first", "--variants=mhc", "--seeds=5", *grid, "--train_args=--max_iters=10",
+                     check=False)
     assert result.returncode == 2 and "was trained with other arguments" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert not (tmp_path / "first" / "runs" / "compare.lock").exists(), "a refused call keeps no lock either"
+
+
+def write_run_metrics(path, final_loss):
+    """A run's metrics.jsonl as train.py writes it, reduced to what compare.py reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [dict(iter=i, val_loss=final_loss + 1 - i / 10, tokens_per_sec=1000.0, gain_forward=1.0,
+                 gain_backward=1.0, elapsed_s=i) for i in (0, 10)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_compare_chooses_each_rate_on_the_tuning_seed_alone(tmp_path):
+    """The choice reads only the tuning seed's runs: a comparison seed's results, however
+    they change, cannot move it, nor can a stray run of the grid at a comparison seed;
+    the tuning seed's can. A choice at an end of the grid is reported as one, and with
+    --extend the grid must grow there before anything is drawn."""
+    metrics_dir = tmp_path / "results" / "metrics"
+    tuning = {"residual": {"0.001": 2.5, "0.002": 2.4, "0.004": 2.6},  # best inside the grid
+              "ihc": {"0.001": 2.7, "0.002": 2.5, "0.004": 2.3}}  # best at the grid's upper end
+    for label, by_rate in tuning.items():
+        for rate, loss in by_rate.items():
+            write_run_metrics(metrics_dir / "tuning" / f"{label}-lr{rate}-s7.jsonl", loss)
+            write_run_metrics(metrics_dir / "tuning" / f"{label}-lr{rate}-s1.jsonl", 9 - loss)  # a comparison seed's
+        for seed in (1, 2):
+            write_run_metrics(metrics_dir / f"{label}-s{seed}.jsonl", 2.0 + seed / 10)
+    redraw = ["compare.py", f"--results_dir={tmp_path / 'results'}", "--variants=residual,ihc", "--seeds=1,2",
+              "--learning_rates=1e-3,2e-3,4e-3", "--tuning_seed=7", "--extend=0", "--train=False"]
+
+    def chosen():
+        status, _, stderr = run_in_this_process(*redraw)
+        assert status == 0, stderr
+        text = (tmp_path / "results" / "results.md").read_text()
+        rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| `")}
+        return text, {label: rows[f"| `{label}`"].split(" | ")[-1].strip(" |") for label in tuning}
+
+    text, first = chosen()
+    assert first == {"residual": "0.002", "ihc": "0.004 (highest rate tried: the best may be higher)"}, first
+    assert "| `residual` | 2.5000 | **2.4000** | 2.6000 | 0.002 |" in text, text
+    assert "`ihc` (`--residual=ihc --learning_rate=0.004 --min_lr=0.0004`)" in text
+    for label in tuning:  # the comparison seed's results turned upside down
+        write_run_metrics(metrics_dir / f"{label}-s1.jsonl", {"residual": 9.0, "ihc": 0.1}[label])
+    assert chosen()[1] == first
+    write_run_metrics(metrics_dir / "tuning" / "residual-lr0.004-s7.jsonl", 2.3)  # the tuning seed's: it moves
+    assert chosen()[1]["residual"] == "0.004 (highest rate tried: the best may be higher)"
+    status, _, stderr = run_in_this_process(*redraw[:-2], "--extend=1", "--train=False")
+    assert status == 2 and "no metrics for tuning/residual-lr0.008-s7" in stderr, stderr  # the grown grid's rate
+    status, _, stderr = run_in_this_process(*redraw[:-2], "--tuning_seed=2", "--train=False")
+    assert status == 2 and "is one of the comparison's seeds" in stderr, stderr
 
 
 def test_compare_refuses_a_runs_dir_another_call_is_training_in(tmp_path):

@@ -4,7 +4,8 @@ eight topologies side by side, and how far 20 Sinkhorn iterations stay from a
 doubly stochastic matrix.
 
     python bench.py --device=cpu                  # eager PyTorch, train.py's CPU model, fused and reference ops
-    python bench.py --device=cpu --compile=True   # the same under torch.compile (needs a C++ compiler)
+    python bench.py --device=cpu --compile=True   # and beside it each model under torch.compile (needs a C++ compiler)
+    python bench.py --n_layer=48 --n_embd=64 --topologies=residual,hc,ihc --compile=True  # a deep model, three
     python bench.py --profile=ihc                 # where ihc's added step time goes, op by op
 
 Every topology trains its own model (n_streams 4; residual 1) on real batches.
@@ -49,7 +50,11 @@ from residuals import TOPOLOGIES, sinkhorn
 
 # -----------------------------------------------------------------------------
 device = "cpu"  # picks the section: cpu or cuda
-compile = False  # torch.compile every model
+compile = False  # also time every fused model under torch.compile, side by side with eager
+n_layer = 4  # the CPU section's model: train.py's CPU defaults (4 x 128, 4 heads)
+n_embd = 128
+n_head = 4
+topologies = "all"  # comma-separated topologies to time, or all
 warmup = 3  # untimed rounds first (with compile=True these compile the models)
 rounds = 20  # timed rounds; every topology takes one step per round
 n_streams = 4  # for every topology but residual (1)
@@ -62,6 +67,13 @@ if dry_run and device != "cuda":
     fail(f"--dry_run=True runs the GPU section's code on the CPU: it takes --device=cuda, got '{device}'")
 if dry_run:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (kernels.py, in gpu_section)
+names = list(TOPOLOGIES) if topologies == "all" else topologies.split(",")
+if any(name not in TOPOLOGIES for name in names) or "residual" not in names:
+    fail(f"--topologies={topologies}: comma-separated names from {', '.join(TOPOLOGIES)}, residual among them "
+         f"(the ratios are to it), or all")
+if n_layer < 1 or n_head < 1 or n_embd % n_head:
+    fail(f"--n_layer={n_layer}, --n_embd={n_embd}, --n_head={n_head}: layers and heads at least 1, and the "
+         f"width a multiple of the heads")
 if warmup < 1 or rounds < 1:
     fail(f"warmup ({warmup}) and rounds ({rounds}) must be at least 1")
 if profile and (profile not in TOPOLOGIES or profile == "residual" or device != "cpu"):
@@ -78,9 +90,10 @@ def cpu_section():
     # code object the later ones would silently run eager
     torch._dynamo.config.recompile_limit = 64
     # every topology with the fused ops (the CPU default) and with the reference ops
-    # (residuals.py, plain autograd: what the fused ones buy); residual has no stream ops
-    runs = [(name, kernels) for name in TOPOLOGIES for kernels in ("fused", "reference")
-            if name != "residual" or kernels == "fused"]
+    # (residuals.py, plain autograd: what the fused ones buy); residual has no stream ops;
+    # with --compile=True the fused model under torch.compile as well
+    runs = [(name, kernels) for name in names for kernels in ("fused", "reference", "compiled")
+            if (name != "residual" or kernels != "reference") and (compile or kernels != "compiled")]
     models = {run: cpu_model(*run) for run in runs}
     times = {run: [] for run in runs}
     for r in range(warmup + rounds):
@@ -91,17 +104,23 @@ def cpu_section():
                 times[run].append(dt)
     step = {run: statistics.median(times[run]) for run in runs}
     base = step["residual", "fused"]
-    print(f"\n{'compiled' if compile else 'eager'}, CPU, {torch.get_num_threads()} threads, torch {torch.__version__}; "
-          f"4 layers x 128, batch 12 x 64, float32; median of {rounds} rounds; load average {os.getloadavg()[0]:.2f}\n")
-    print("| topology | n | step (ms) | vs residual | reference ops (ms) | vs residual | saved (MiB) | params |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name in TOPOLOGIES:
+    print(f"\n{'eager and compiled' if compile else 'eager'}, CPU, {torch.get_num_threads()} threads, torch "
+          f"{torch.__version__}; {n_layer} layers x {n_embd}, batch 12 x 64, float32; median of {rounds} rounds; "
+          f"load average {os.getloadavg()[0]:.2f}\n")
+    compiled_columns = " compiled (ms) | vs eager |" if compile else ""
+    print(f"| topology | n | step (ms) | vs residual | reference ops (ms) | vs residual |{compiled_columns} "
+          f"saved (MiB) | params |")
+    print("|---|---|---|---|---|---|" + "---|" * (2 * compile) + "---|---|")
+    for name in names:
         model = models[name, "fused"][0]
         params = sum(p.numel() for p in model.parameters())
         saved = saved_bytes(model, x, y) / 2 ** 20
         ref = step.get((name, "reference"), base)
+        compiled = (f" {1e3 * step[name, 'compiled']:.1f} | {step[name, 'compiled'] / step[name, 'fused']:.2f}x |"
+                    if compile else "")
         print(f"| {name} | {1 if name == 'residual' else n_streams} | {1e3 * step[name, 'fused']:.1f} "
-              f"| {step[name, 'fused'] / base:.2f}x | {1e3 * ref:.1f} | {ref / base:.2f}x | {saved:.1f} | {params:,} |")
+              f"| {step[name, 'fused'] / base:.2f}x | {1e3 * ref:.1f} | {ref / base:.2f}x |{compiled} {saved:.1f} "
+              f"| {params:,} |")
     sinkhorn_gap()
 
 
@@ -114,7 +133,7 @@ def profile_section(name, steps=10, rows=20):
     per_op = {}
     for topology in ("residual", name):
         torch.manual_seed(seed)
-        model, optimizer = cpu_model(topology)
+        model, optimizer = cpu_model(topology, "compiled" if compile else "fused")
         gen = torch.Generator().manual_seed(seed)
         batches = [get_batch(data, 12, 64, gen) for _ in range(warmup + steps)]
         for x, y in batches[:warmup]:
@@ -137,11 +156,14 @@ def profile_section(name, steps=10, rows=20):
 
 
 def cpu_model(name, kernels="fused"):
-    config = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, bias=False, dropout=0.0,
-                       residual=name, n_streams=1 if name == "residual" else n_streams, kernels=kernels)
+    """A model and its AdamW; kernels: fused, reference, or compiled (fused under torch.compile)."""
+    config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=64, vocab_size=65, bias=False,
+                       dropout=0.0, residual=name, n_streams=1 if name == "residual" else n_streams,
+                       kernels="reference" if kernels == "reference" else "fused")
+    torch.manual_seed(seed)  # the same weights with and without compile
     model = GPT(config)
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
-    return torch.compile(model) if compile else model, optimizer
+    return torch.compile(model) if kernels == "compiled" else model, optimizer
 
 
 def training_tokens():

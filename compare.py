@@ -72,6 +72,7 @@ class Preset(NamedTuple):
     baselines: tuple = ("residual", "ihc")  # a paired column for each that is among the chosen variants
     learning_rates: tuple = ()  # a grid: each variant at its best rate on tuning_seed; (): all at train.py's
     tuning_seed: int = 1336  # chooses the rates; never one of the comparison's seeds
+    rates_from: dict = {}  # label -> the variant whose chosen rate it trains at, untuned (where the budget forces it)
 
 
 class Run(NamedTuple):
@@ -371,11 +372,12 @@ def tune(train, source):
     runs are read: no comparison seed can move a choice."""
     if not grid:
         return {}
-    rates = {label: list(grid) for label in labels}
+    tuned = dict.fromkeys(PRESET.rates_from.get(label, label) for label in labels)  # in order, once each
+    rates = {label: list(grid) for label in tuned}
     for growth in itertools.count():
-        runs = [Run(label, tuning_seed, rate, tuning=True) for label in labels for rate in rates[label]]
+        runs = [Run(label, tuning_seed, rate, tuning=True) for label in tuned for rate in rates[label]]
         train(runs)
-        losses = {label: {} for label in labels}
+        losses = {label: {} for label in tuned}
         for run in runs:
             losses[run.label][run.rate] = final_val_loss(source, run)
         grown = False
@@ -399,8 +401,10 @@ def final_val_loss(source, run):
 
 
 def choices(losses):
-    """{label: the rate with the lowest final val loss on the tuning seed}."""
-    return {label: min(by_rate, key=by_rate.get) for label, by_rate in losses.items()}
+    """{label: the rate with the lowest final val loss on the tuning seed} for every
+    chosen variant, a variant in rates_from at the rate of the one it names."""
+    best = {label: min(by_rate, key=by_rate.get) for label, by_rate in losses.items()}
+    return {label: best[PRESET.rates_from.get(label, label)] for label in labels} if losses else {}
 
 
 def tuning_runs(losses):
@@ -743,6 +747,9 @@ def report():
                  f"{', '.join(f'{rate:g}' for rate in grid)}, grown by its ratio on a side where the best rate "
                  f"was its end (up to --extend={extend} times). min_lr is a tenth of the rate. Final val loss on seed "
                  f"{tuning_seed} at each rate (bold: the chosen one):", "", grid_table(losses), ""]
+        borrowed = [f"`{label}` trains at `{PRESET.rates_from[label]}`'s rate" for label in labels
+                    if label in PRESET.rates_from]
+        text[-1:-1] = [", ".join(borrowed) + ", untuned: the budget did not cover its grid.", ""] if borrowed else []
     text += [line for plot in plots for line in (plot, "")]
     with open(os.path.join(results_dir, "results.md"), "w") as f:
         f.write("\n".join(text))

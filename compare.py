@@ -102,6 +102,8 @@ AT_ONE = ["--gate_init=1"]  # the init these runs had before the default moved i
 DEEP = ["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4"]  # the depth studies' model
 DEPTH = DEEP + ["--max_iters=1000"]
 HC, IHC = ["--residual=hc"], ["--residual=ihc"]
+DEEP_SWEEP = ["--device=cpu", "--n_embd=64", "--n_head=4", "--max_iters=1000"]  # and the depth
+SWEEP = {**each("residual", "hc", "mhc", "ihc"), "norm_gated_ihc": NORM_GATED}
 # Labels name run directories and files: letters, digits, _ and . only.
 PRESETS = dict(
     cpu=Preset(["--device=cpu"], each(*TOPOLOGIES)),
@@ -164,9 +166,17 @@ PRESETS = dict(
         "hc.bounded": HC + ["--hc_bounded=True"],
         "hc.mix_identity": HC + ["--hc_mix=identity"],
     }),
+    # the depth sweep (depth_sweep.py draws it across depth): width 64, 1000 iterations, 6 to 48 layers (12 is
+    # depth_tuned), each topology at its own best rate for that depth; at 48 layers the budget tunes residual,
+    # hc and ihc, and mhc and norm_gated_ihc train at ihc's rate
+    depth6=Preset(DEEP_SWEEP + ["--n_layer=6"], learning_rates=(4e-3, 8e-3, 1.6e-2), variants=SWEEP),
+    depth24=Preset(DEEP_SWEEP + ["--n_layer=24"], learning_rates=(2e-3, 4e-3, 8e-3), variants=SWEEP),
+    depth48=Preset(DEEP_SWEEP + ["--n_layer=48"], learning_rates=(1e-3, 2e-3, 4e-3), variants=SWEEP,
+                   rates_from={"mhc": "ihc", "norm_gated_ihc": "ihc"}),
 )
 
-preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long, depth_tuned
+preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long, depth_tuned, depth6,
+# depth24, depth48
 variants = "all"  # comma-separated labels of the preset's variants, or all
 seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
 train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"

@@ -1933,6 +1933,42 @@ def test_compare_chooses_each_rate_on_the_tuning_seed_alone(tmp_path):
     assert status == 2 and "is one of the comparison's seeds" in stderr, stderr
 
 
+def test_depth_sweep_draws_each_depth_paired_against_its_residual(tmp_path):
+    """depth_sweep.py reads each depth's compare.py record: per topology the chosen rate,
+    the final loss minus the same depth's residual at the same seed (mean, 95% interval
+    from a t table, p exact at 2 dof), each run's largest gain and gradient norm; a depth
+    not trained yet is named, and the figure is drawn the same, byte for byte, twice."""
+    finals = {6: {"residual": [2.10, 2.12, 2.11], "hc": [2.05, 2.09, 2.06]},
+              12: {"residual": [2.20, 2.23, 2.21], "hc": [2.15, 2.16, 2.19]}}
+    for depth, preset in ((6, "depth6"), (12, "depth_tuned")):
+        runs = {"tuning/hc-lr0.004-s1336": []}
+        for label, losses in finals[depth].items():
+            for seed, loss in zip((1337, 1338, 1339), losses):
+                name = f"{label}-s{seed}"
+                runs[name] = []
+                rows = [dict(iter=0, val_loss=4.0, gain_forward=1.0), dict(iter=10, grad_norm=1.0, grad_norm_max=seed - 1336),
+                        dict(iter=20, val_loss=loss, gain_forward=depth + seed - 1337)]
+                (tmp_path / preset / "metrics").mkdir(parents=True, exist_ok=True)
+                (tmp_path / preset / "metrics" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        record = dict(runs=runs, chosen={"residual": 0.008, "hc": 0.004})
+        (tmp_path / preset / "run.json").write_text(json.dumps(record))
+    status, _, stderr = run_in_this_process("depth_sweep.py", "--train=False", f"--results_dir={tmp_path}")
+    assert status == 0, stderr
+    text = (tmp_path / "depth_sweep" / "results.md").read_text()
+    assert "Not yet trained: 24 (`depth24`), 48 (`depth48`)." in text, text
+    for depth in (6, 12):
+        paired = [h - r for h, r in zip(finals[depth]["hc"], finals[depth]["residual"])]
+        mean, sem = statistics.mean(paired), statistics.stdev(paired) / math.sqrt(3)
+        half, p = 4.302653 * sem, 1 - abs(mean / sem) / math.sqrt((mean / sem) ** 2 + 2)
+        hc = statistics.mean(finals[depth]["hc"]), statistics.stdev(finals[depth]["hc"])
+        assert (f"| {depth} | `hc` | 0.004 | {hc[0]:.4f} ± {hc[1]:.4f} | {mean:+.4f} [{mean - half:+.4f}, "
+                f"{mean + half:+.4f}], p {p:.3f}, --- | {depth + 1:.3f} | 2.00 |") in text, text
+    drawn = (tmp_path / "depth_sweep" / "depth.png").read_bytes()
+    assert drawn[:8] == b"\x89PNG\r\n\x1a\n"
+    run_in_this_process("depth_sweep.py", "--train=False", f"--results_dir={tmp_path}")
+    assert (tmp_path / "depth_sweep" / "depth.png").read_bytes() == drawn
+
+
 def test_compare_refuses_a_runs_dir_another_call_is_training_in(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "compare.lock").write_text("12345 python compare.py\n")

@@ -166,6 +166,8 @@ PRESETS = dict(
         "hc.bounded": HC + ["--hc_bounded=True"],
         "hc.mix_identity": HC + ["--hc_mix=identity"],
     }),
+    # train.py's CPU model (the quick start's) with every topology at its own best rate
+    cpu_tuned=Preset(["--device=cpu"], each(*TOPOLOGIES), learning_rates=(2e-3, 4e-3, 8e-3)),
     # the depth sweep (depth_sweep.py draws it across depth): width 64, 1000 iterations, 6 to 48 layers (12 is
     # depth_tuned), each topology at its own best rate for that depth; at 48 layers the budget tunes residual,
     # hc and ihc, and mhc and norm_gated_ihc train at ihc's rate
@@ -176,7 +178,7 @@ PRESETS = dict(
 )
 
 preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long, depth_tuned, depth6,
-# depth24, depth48
+# depth24, depth48, cpu_tuned
 variants = "all"  # comma-separated labels of the preset's variants, or all
 seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
 train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"

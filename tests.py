@@ -1,5 +1,6 @@
 """
 The test suite, CPU only:  python -m pytest tests.py
+The quick check, every file without the slow tests:  python -m pytest tests.py -m "not slow"
 
 Tests check behaviour a user relies on (the step-0 network is the residual one,
 training lowers the loss, a resumed run equals an uninterrupted one, every fast
@@ -7,7 +8,12 @@ op equals the maths it speeds up), not shapes. One section per source file, in
 the README's reading order: residuals.py, model.py, prepare.py and train.py,
 sample.py, theory.py, fused.py and kernels.py (every fast op against
 residuals.py, through model.stream_ops; the Triton kernels run on the CPU in
-Triton's interpreter), compare.py, bench.py.
+Triton's interpreter), compare.py, plot.py, bench.py.
+
+`slow` (pytest.ini) marks what takes seconds to minutes: the Triton interpreter's
+cases, compiling, and train.py or compare.py in processes of their own. Every
+script a test starts runs under sys.executable, never the python3 on PATH
+(python_on_path_is_not_this_one).
 """
 import contextlib
 import io
@@ -47,6 +53,8 @@ from theory import DT
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 needs_triton = pytest.mark.skipif(kernels is None, reason="triton is not installed (it has wheels for Linux only)")
+slow = pytest.mark.slow  # left out of the quick check (pytest.ini)
+TRITON = pytest.param("triton", marks=slow)  # the interpreter: seconds a case
 STREAM_TOPOLOGIES = [name for name in TOPOLOGIES if name != "residual"]
 GATED = ("gated_ihc", "norm_gated_ihc", "mean_gated_ihc")
 # a model small enough to train in seconds on 2 cores
@@ -222,9 +230,10 @@ def check_against_reference(impl, op, inputs, tol, constants={}, used=None, expa
 # error allowed: fused in float64 (the same maths, rounding-level), Triton in float32
 # and bf16 (kernels load in the tensor's dtype and compute in float32)
 FAST = pytest.mark.parametrize("impl, dtype, tol", [
-    ("fused", torch.float64, 1e-10), ("triton", torch.float32, 1e-5), ("triton", torch.bfloat16, 1e-2)],
-    ids=["fused", "triton", "triton-bf16"])
-IMPLS = pytest.mark.parametrize("impl", ["fused", "triton"])
+    pytest.param("fused", torch.float64, 1e-10, id="fused"),
+    pytest.param("triton", torch.float32, 1e-5, id="triton", marks=slow),
+    pytest.param("triton", torch.bfloat16, 1e-2, id="triton-bf16", marks=slow)])
+IMPLS = pytest.mark.parametrize("impl", ["fused", TRITON])
 
 
 # =============================================================================
@@ -902,6 +911,7 @@ def test_every_topology_trains(name, tmp_path):
         assert not gated or len(row["gate_mean"]) == 2 * 2  # one per sublayer of the 2 layers
 
 
+@slow
 def test_resume_matches_uninterrupted_run(tmp_path):
     common = ["--residual=mhc", "--eval_interval=20", "--lr_decay_iters=40", "--always_save_checkpoint=True", *TINY]
     train_here("--max_iters=40", f"--out_dir={tmp_path / 'straight'}", *common)  # the reference; the legs: processes
@@ -940,6 +950,7 @@ def test_progress_rows_hold_the_gradient_norm_before_clipping(grad_clip, tmp_pat
 
 @pytest.mark.parametrize("progress, stderr_is_a_terminal, bar", [
     ("auto", False, False), ("auto", True, True), ("bar", False, True), ("lines", True, False)])
+@slow
 def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stderr_is_a_terminal, bar, tmp_path):
     """A bar redraws itself with carriage returns: fine at a terminal, a mess in a
     log file, which gets one plain line per log_interval. auto picks by whether
@@ -1126,6 +1137,7 @@ def test_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
     assert (tmp_path / "ckpt.pt").read_bytes() == before
 
 
+@slow
 def test_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
     common = ["--residual=mhc", "--max_iters=10", "--eval_interval=10", "--warmup_iters=2", *TINY[:4], *TINY[5:]]
     train_here("--batch_size=12", f"--out_dir={tmp_path / 'one'}", *common)
@@ -1139,6 +1151,7 @@ def test_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
         assert abs(one[key] - two[key]) < 1e-4, f"{key}: {one[key]} vs {two[key]}"
 
 
+@slow
 @needs_triton
 @pytest.mark.parametrize("name", ["mhc", "norm_gated_ihc"])
 def test_training_with_triton_kernels_matches_fused(name, tmp_path):
@@ -1170,6 +1183,7 @@ def trained(tmp_path_factory):
     return out
 
 
+@slow
 def test_sample_prints_text_from_the_vocabulary(trained):
     out = run("sample.py", f"--out_dir={trained}", "--start=ROMEO:", "--num_samples=2",
               "--max_new_tokens=40", "--device=cpu").stdout
@@ -1494,8 +1508,8 @@ def dynamic_read_inputs(n, K, dtype=torch.float64, seed=0):
 
 @pytest.mark.parametrize("n,K", [(2, 0), (4, 0), (4, 4), (4, 16), (3, 6)], ids=["ihc2", "ihc", "gated", "mhc", "lite3"])
 @pytest.mark.parametrize("used", [(0, 1, 2), (0,), (0, 1)], ids=["all", "x", "no-res"])
-@pytest.mark.parametrize("impl, dtype, tol", [("fused", torch.float64, 1e-10), ("triton", torch.float32, 1e-5)],
-                         ids=["fused", "triton"])
+@pytest.mark.parametrize("impl, dtype, tol", [pytest.param("fused", torch.float64, 1e-10, id="fused"),
+                                             pytest.param("triton", torch.float32, 1e-5, id="triton", marks=slow)])
 def test_dynamic_read(n, K, used, impl, dtype, tol):
     """The coefficients and the read in one op against residuals.dynamic_read: x, post
     and res, and the gradient of h, W, alpha and bias, whichever outputs the loss uses."""
@@ -1528,7 +1542,7 @@ def sinkhorn_definition(logits, iters=20, dtype=torch.float64):
     return M
 
 
-ALL_IMPLS = pytest.mark.parametrize("impl", ["reference", "fused", "triton"])
+ALL_IMPLS = pytest.mark.parametrize("impl", ["reference", "fused", TRITON])
 
 
 @ALL_IMPLS
@@ -1561,8 +1575,9 @@ def test_sinkhorn_finite_for_extreme_logits(impl):
 
 
 SINKHORN_FAST = pytest.mark.parametrize("impl, dtype, tol", [
-    ("fused", torch.float64, 1e-10), ("fused", torch.float32, 1e-5), ("triton", torch.float32, 1e-5)],
-    ids=["fused", "fused-float32", "triton"])
+    pytest.param("fused", torch.float64, 1e-10, id="fused"),
+    pytest.param("fused", torch.float32, 1e-5, id="fused-float32"),
+    pytest.param("triton", torch.float32, 1e-5, id="triton", marks=slow)])
 
 
 @SINKHORN_FAST
@@ -1713,6 +1728,7 @@ def compile_for_gpu(ns, archs, workers=2):
     return {(int(a), kernel, int(n)): tuple(map(int, usage)) for a, kernel, n, *usage in rows}
 
 
+@slow
 @needs_triton
 @pytest.mark.parametrize("arch, ns", [(90, range(2, 9)), (80, (4, 8))], ids=["sm_90", "sm_80"])
 def test_kernels_compile_without_spills(arch, ns):
@@ -1755,6 +1771,7 @@ def compared(tmp_path_factory):
     return out, result.stdout + result.stderr
 
 
+@slow
 def test_compare_table_summarises_every_seed(compared):
     tmp_path, _ = compared
     table = (tmp_path / "results" / "results.md").read_text()
@@ -1786,6 +1803,7 @@ def test_compare_table_summarises_every_seed(compared):
         assert (tmp_path / "results" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@slow
 def test_compare_redraws_the_table_and_plots_byte_for_byte(compared, tmp_path):
     """--train=False rewrites results.md and every plot from the metrics copies, the same
     bytes; in a log (not a terminal) progress is a plain line per finished run."""
@@ -1860,6 +1878,7 @@ def test_readme_summary_quotes_the_committed_results():
             assert cell in ("", "not run") or cell == tables[preset][label][3], (preset, label, cell)
 
 
+@slow
 def test_compare_skips_finished_runs(tmp_path):
     """(That a run trained again gives the same numbers is checked by the resume test below.)"""
     compare(tmp_path / "first", "--variants=mhc", "--seeds=5")
@@ -1882,6 +1901,7 @@ def test_compare_refuses_a_runs_dir_another_call_is_training_in(tmp_path):
     assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "runs" / "mhc-s5").exists()
 
 
+@slow
 def test_compare_names_a_failed_run_in_one_line_and_continues_after_the_fix(tmp_path):
     result = compare(tmp_path, "--variants=ihc", "--seeds=1", "--train_args=--max_itters=5", check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -1893,6 +1913,7 @@ def test_compare_names_a_failed_run_in_one_line_and_continues_after_the_fix(tmp_
     assert "±" not in table.split("| variant")[1], "one seed has no standard deviation"
 
 
+@slow
 def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
     args = ["--variants=ihc", "--seeds=3", "--train_args=" + COMPARE_TRAIN_ARGS + " --max_iters=400 --eval_interval=50"]
     run("compare.py", f"--runs_dir={tmp_path / 'straight'}", f"--results_dir={tmp_path / 'r1'}", *args)

@@ -58,7 +58,7 @@ import matplotlib
 import torch
 from tqdm import tqdm
 
-from configurator import configure, fail
+from configurator import check_ranges, configure, fail
 from residuals import TOPOLOGIES
 
 matplotlib.use("Agg")  # files only: no display needed
@@ -176,7 +176,10 @@ runs_dir = ""  # "" means compare-<preset>
 results_dir = ""  # "" means results/<preset>
 train = True  # False: only redraw the table and plots from <results_dir>/metrics
 progress = "auto"  # auto: a bar if stderr is a terminal, else a line per finished run (as train.py); bar; lines
+# Every numeric setting's allowed values (configurator.check_ranges); "or 0": 0 means what its comment says
+RANGES = dict(tuning_seed="[1, 4294967295] or 0", extend="[0, inf)", jobs="[1, inf) or 0")  # seeds as train.py's
 configure(globals())
+check_ranges(globals(), RANGES)
 
 if preset not in PRESETS:
     fail(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")
@@ -201,13 +204,9 @@ tuning_seed = tuning_seed or PRESET.tuning_seed
 if grid and tuning_seed in seed_list:
     fail(f"--tuning_seed={tuning_seed} is one of the comparison's seeds ({seeds}): the rates must be chosen on "
          f"a seed the comparison does not use")
-if extend < 0:
-    fail(f"--extend={extend}: expected 0 or a positive number of times the grid may grow")
 if progress not in ("auto", "bar", "lines"):
     fail(f"--progress={progress}: choose one of auto, bar, lines")
 progress = ("bar" if sys.stderr.isatty() else "lines") if progress == "auto" else progress
-if jobs < 0:
-    fail(f"--jobs={jobs}: expected 0 (automatic) or a positive number of runs at a time")
 on_cpu = "--device=cpu" in PRESET.args
 jobs = jobs or ((os.cpu_count() or 1) if on_cpu else 1)
 runs_dir = runs_dir or f"compare-{preset}"

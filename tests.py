@@ -44,6 +44,7 @@ except ModuleNotFoundError as e:  # no triton (macOS, Windows): its tests skip, 
     if e.name != "triton":
         raise
     kernels = None
+import configurator
 import residuals
 import theory
 from model import GPT, GPTConfig, check_config, stream_ops
@@ -1004,7 +1005,7 @@ def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stde
     (["--residual=mhc_lite", "--n_streams=6"], "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
     (["--residual=residual", "--n_streams=4"], "residual 'residual' needs n_streams exactly 1, got 4"),
     (["--residual=gated_ihc", "--gate=sigmoid"], "unknown gate 'sigmoid'; choose one of: " + ", ".join(residuals.GATES)),
-    (["--residual=norm_gated_ihc", "--gate_init=1.5"], "gate_init must be in (0, 1], or 0 for the gate's own init, got 1.5"),
+    (["--residual=norm_gated_ihc", "--gate_init=1.5"], "--gate_init=1.5: must be in (0, 1], or 0"),
     (["--residual=norm_gated_ihc", "--gate=binary", "--gate_init=0.5"], "the binary gate is 0 or 1: gate_init must be 1"),
     (["--residual=ihc", "--gate=binary"], "gate: gate settings apply to gated_ihc, norm_gated_ihc and mean_gated_ihc only"),
     (["--residual=mean_gated_ihc", "--gate_deviations=True"], "gate_deviations: mean_gated_ihc has one gate"),
@@ -1032,9 +1033,73 @@ def test_train_rejects_bad_data_and_system_settings(args, message, tmp_path):
 def test_train_checks_out_dir_before_training(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    result = run("train.py", f"--out_dir={blocker / 'run'}", "--max_iters=1000000", check=False)
-    assert result.returncode == 2 and "is not writable" in result.stderr and "Traceback" not in result.stderr
-    assert "iter 0" not in result.stdout, "the out_dir must be checked before any training"
+    status, out, err = run_in_this_process("train.py", f"--out_dir={blocker / 'run'}", "--max_iters=1000000")
+    assert status == 2 and "is not writable" in err and "iter 0" not in out, "checked before any training"
+
+
+class Checked(Exception):
+    """Raised in place of a script's work, right after its range check."""
+
+
+RANGED = ["train.py", "sample.py", "compare.py", "bench.py"]
+
+
+def settings_and_ranges(script, monkeypatch):
+    """The script's settings (their defaults) and RANGES, as its check_ranges call gets them."""
+    seen = {}
+
+    def record(config, ranges):
+        seen.update(settings={k: config[k] for k in configurator.config_keys(config)}, ranges=ranges)
+        raise Checked
+
+    with monkeypatch.context() as patch, pytest.raises(Checked):
+        patch.setattr(configurator, "check_ranges", record)
+        run_in_this_process(script)
+    return seen["settings"], seen["ranges"]
+
+
+def beside_the_ends(r, default):
+    """The values just outside and just inside each finite end of the range r, in the
+    setting's type (never the special value as an outside one); the special value too."""
+    step = (lambda v, d: v + d) if isinstance(default, int) else (lambda v, d: math.nextafter(v, d * math.inf))
+    outside, inside = [], [] if r.special is None else [r.special]
+    for end, is_open, d in ((r.low, r.low_open, -1), (r.high, r.high_open, 1)):
+        if math.isinf(end):
+            continue
+        out, into = (end, step(end, -d)) if is_open else (step(end, d), end)
+        while out == r.special:
+            out = step(out, d)
+        outside.append(type(default)(out))
+        inside.append(type(default)(into))
+    return outside, inside
+
+
+@pytest.mark.parametrize("script", RANGED)
+def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monkeypatch):
+    """Walks the script's own RANGES: every numeric setting has an entry (a new one
+    without a range fails here), and each is checked at both ends, in the script:
+    just outside is a one-line error naming it (exit 2, before any work), just
+    inside passes its own check (another's may depend on it: min_lr on learning_rate)."""
+    settings, ranges = settings_and_ranges(script, monkeypatch)
+    numeric = {k for k, v in settings.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert set(ranges) == numeric, f"{script}: numeric settings without a range: {numeric - set(ranges)}; " \
+                                   f"ranges of no setting: {set(ranges) - numeric}"
+    check = configurator.check_ranges
+    for key, text in ranges.items():
+        def check_then_stop(config, ranges, key=key):
+            check(config, {key: ranges[key]})
+            raise Checked
+
+        outside, inside = beside_the_ends(configurator.parse_range(text, settings), settings[key])
+        assert outside, f"{script}: {key}'s range {text} has no finite end"
+        for value in outside:
+            status, _, stderr = run_in_this_process(script, f"--{key}={value!r}")
+            assert status == 2 and stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
+            assert len(stderr.strip().splitlines()) == 1, stderr
+        for value in inside:
+            with monkeypatch.context() as patch, pytest.raises(Checked):
+                patch.setattr(configurator, "check_ranges", check_then_stop)
+                run_in_this_process(script, f"--{key}={value!r}")
 
 
 @pytest.mark.parametrize("script, args, message", [

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from configurator import choose_device, config_keys, configure, fail
+from configurator import check_ranges, choose_device, config_keys, configure, fail
 from model import GPT, KERNELS, GPTConfig, check_config, load_checkpoint, stream_ops
 from prepare import DATA_DIR, DATASETS, get_batch, prepare_dataset
 from residuals import TOPOLOGIES
@@ -86,9 +86,22 @@ progress = "auto"  # auto: a tqdm bar if stderr is a terminal, else lines; bar; 
 # nanoGPT's shakespeare_char model: the defaults on a GPU, for every key not set by the user
 GPU_DEFAULTS = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2,
                     max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100)
+# Every numeric setting's allowed values (configurator.check_ranges); "or 0": 0 means what its comment says
+RANGES = dict(
+    eval_interval="[1, inf)", eval_iters="[1, inf)", log_interval="[1, inf)", gradient_accumulation_steps="[1, inf)",
+    batch_size="[1, inf)", block_size="[1, inf)",  # shorter than the validation split, checked with the data
+    n_layer="[1, inf)", n_head="[1, inf)", n_embd="[1, inf)", dropout="[0, 1)",  # n_head divides n_embd: check_config
+    n_streams="[1, inf) or 0", alpha_init="[0, inf)", sinkhorn_iters="[1, inf)",  # each topology's n: check_config
+    gate_init="(0, 1] or 0",
+    gate_c_max="(1, inf)",  # at 1, c(g) g is gated_ihc's g; below 1 even open gates shrink every stream
+    learning_rate="(0, inf)", max_iters="[1, inf)", weight_decay="[0, inf)", beta1="[0, 1)", beta2="[0, 1)",
+    grad_clip="[0, inf)", warmup_iters="[0, inf)", lr_decay_iters="[1, inf) or 0", min_lr="[0, learning_rate]",
+    seed="[0, 4294967295]",  # 2^32 - 1, the usual largest seed (numpy's); torch overflows past 2^64
+)
 # -----------------------------------------------------------------------------
 setting_names = config_keys(globals())
 user_set = configure(globals())
+check_ranges(globals(), RANGES)
 
 # --- check every setting before any work, so a mistake costs nothing --------
 if residual not in TOPOLOGIES:

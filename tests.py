@@ -1135,6 +1135,49 @@ def start_training(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+# train.py with an evaluation that cannot finish on its own: the first one after
+# training began waits in its first batch for an Event nobody sets, and says so;
+# only a signal ends it. argv[1] "evaluation,save": the checkpoint's write waits too.
+BLOCKED = """
+import runpy, sys, threading
+import torch
+import model
+
+blocked, sys.argv = sys.argv[1].split(","), sys.argv[2:]
+forward, trained = model.GPT.forward, []
+
+
+def wait_for_ever(what):
+    print(what, "blocked", flush=True)
+    threading.Event().wait()
+
+
+def forward_or_wait(self, *args, **kwargs):
+    if self.training:
+        trained.append(True)
+    elif trained:
+        wait_for_ever("evaluation")
+    return forward(self, *args, **kwargs)
+
+
+model.GPT.forward = forward_or_wait
+if "save" in blocked:
+    torch.save = lambda *args, **kwargs: wait_for_ever("save")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def start_blocked(blocked, *args):
+    """train.py args, under BLOCKED; returns once the blocked evaluation has begun."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED, blocked, "train.py", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line == "evaluation blocked\n":
+            return proc
+    raise AssertionError(f"train.py ended before its evaluation: {proc.communicate()[1][-3000:]}")
+
+
 SIGNAL_COMMON = ["--residual=gated_ihc", "--eval_interval=30", "--lr_decay_iters=60", *TINY]
 
 
@@ -1146,30 +1189,55 @@ def straight_60(tmp_path_factory):
     return metrics(out)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_signal_saves_and_resume_continues_the_same_run(signum, straight_60, tmp_path):
-    """Stopped by a signal sent when the run reports iteration 15, not after a
-    sleep: the stopped run is set to go on for a million iterations, so no machine
-    finishes first, on the same learning-rate schedule as the straight 60."""
-    common = SIGNAL_COMMON
-    proc = start_training("--max_iters=1000000", f"--out_dir={tmp_path / 'stopped'}", *common,
-                          "--progress=lines", "--log_interval=1")
-    for line in proc.stdout:  # handlers are installed before the first iteration
-        if line.startswith("iter 15: loss"):
-            break
+@slow
+@pytest.mark.parametrize("signum, during", [(signal.SIGINT, "training"), (signal.SIGTERM, "evaluation")])
+def test_signal_saves_and_resume_continues_the_same_run(signum, during, straight_60, tmp_path):
+    """Stopped by a signal sent when the run reports iteration 15, or during the
+    evaluation at 30 that cannot finish on its own (BLOCKED), not after a sleep:
+    the stopped run is set to go on for a million iterations, so no machine
+    finishes first, on the same learning-rate schedule as the straight 60. The
+    abandoned evaluation changed nothing: the checkpoint holds the 30 iterations."""
+    args = ["--max_iters=1000000", f"--out_dir={tmp_path / 'stopped'}", *SIGNAL_COMMON, "--progress=lines",
+            "--log_interval=1"]
+    if during == "training":
+        proc = start_training(*args)
+        for line in proc.stdout:  # handlers are installed before the first iteration
+            if line.startswith("iter 15: loss"):
+                break
+    else:
+        proc = start_blocked("evaluation", *args)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, err  # the shell's code for a run stopped by a signal
     stopped_at = torch.load(tmp_path / "stopped" / "ckpt.pt", weights_only=True)["iter_num"]
     assert f"saved {tmp_path / 'stopped' / 'ckpt.pt'} at iteration {stopped_at}" in out
     assert 15 <= stopped_at < 60, f"stopped at {stopped_at}: the resume below would check nothing"
-    run("train.py", "--max_iters=60", f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", *common)
+    if during == "evaluation":
+        assert stopped_at == 30 and "iter 30: train loss" not in out and len(metrics(tmp_path / "stopped")) == 1
+    run("train.py", "--max_iters=60", f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", *SIGNAL_COMMON)
     straight, resumed = straight_60, metrics(tmp_path / "stopped")
     assert [r["iter"] for r in resumed] == [r["iter"] for r in straight] == [0, 30, 60]
     for a, b in zip(straight, resumed):
         assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, f"iter {a['iter']}: {a['val_loss']} vs {b['val_loss']}"
 
 
+@slow
+def test_a_second_signal_exits_at_once_without_saving(tmp_path):
+    """The first signal abandons the blocked evaluation at iteration 1 and its save
+    waits for ever (BLOCKED): only the second can end the run, at once, saying so."""
+    first, second = signal.SIGTERM, signal.SIGINT
+    proc = start_blocked("evaluation,save", "--max_iters=1000000", f"--out_dir={tmp_path}", *SIGNAL_COMMON,
+                         "--eval_interval=1")
+    proc.send_signal(first)
+    assert proc.stdout.readline() == "save blocked\n"
+    proc.send_signal(second)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + second, err
+    assert err.strip() == f"{second.name} again: exited at once, without saving (no checkpoint was saved yet)", err
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+@slow
 def test_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path):
     """A model big enough that writing its checkpoint takes a while (a save at
     every iteration), killed as soon as a save has begun to touch the files (its

@@ -33,6 +33,7 @@ import time
 # want them compiled: TRITON_INTERPRET=0 python -m pytest tests.py -k test_gpu_
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import matplotlib.figure
 import numpy as np
 import pytest
 import torch
@@ -1982,13 +1983,16 @@ def test_committed_results_redraw_byte_for_byte(preset, tmp_path):
     marker = f"<!-- compare.py table: {preset} -->"
     assert marker in readme, f"results/README.md quotes no table of {preset}"
     (tmp_path / "README.md").write_text(readme.split(marker)[0] + marker + "\n(stale)\n<!-- end of table -->\n")
-    run("compare.py", f"--preset={preset}", "--train=False", f"--results_dir={tmp_path / preset}")
+    status, _, stderr = run_in_this_process("compare.py", f"--preset={preset}", "--train=False",
+                                            f"--results_dir={tmp_path / preset}")
+    assert status == 0, stderr
     for name in sorted(os.listdir(committed)):
         if name.endswith((".md", ".png")):
             assert (tmp_path / preset / name).read_bytes() == open(os.path.join(committed, name), "rb").read(), name
     table = readme.split(marker)[1].split("<!-- end of table -->")[0]
     assert (tmp_path / "README.md").read_text().split(marker)[1].split("<!-- end of table -->")[0] == table
 
+@slow
 def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
     """The gates preset's static variant is norm_gated_ihc with --alpha_init=0, run
     and named as such; ihc among the variants adds a paired column against it."""
@@ -2089,6 +2093,36 @@ def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
     assert [os.path.basename(call["command"].split()[1]) for call in record["calls"]] == ["compare.py", "compare.py"]
     assert record["runs"] == {"ihc-s3": json.loads((tmp_path / "stopped" / "ihc-s3" / "run.json").read_text())["arguments"]}
     assert f"({record['calls'][0]['minutes']} min) then " in (tmp_path / "r2" / "results.md").read_text()
+
+
+
+# =============================================================================
+# plot.py
+# =============================================================================
+
+def test_plot_draws_any_runs_side_by_side(trained, tmp_path, monkeypatch):
+    """Two runs of one's own, one of them gated: compare.py's plots with a curve (or
+    bars) per run, labelled by its directory as typed; a folder that holds no run,
+    or no folder at all, is a one-line error."""
+    train_here("--residual=norm_gated_ihc", "--max_iters=10", "--eval_interval=5", "--log_interval=5",
+               f"--out_dir={tmp_path / 'gated'}", *TINY)
+    legends, savefig = {}, matplotlib.figure.Figure.savefig
+
+    def record_legend(fig, path, **kwargs):  # the first panel's legend, which holds every run it shows
+        legends[os.path.basename(path).split(".")[0]] = fig.axes[0].get_legend_handles_labels()[1]
+        savefig(fig, path, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record_legend)
+    runs = [str(trained), str(tmp_path / "gated")]
+    status, out, err = run_in_this_process("plot.py", *runs, f"--out={tmp_path / 'plots'}")
+    assert status == 0, err
+    plots = ["gain", "gates", "grad_norm", "val_loss"]
+    assert sorted(os.listdir(tmp_path / "plots")) == [f"{name}.png" for name in plots]  # no temporary file left
+    assert all((tmp_path / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in plots)
+    assert legends == dict(val_loss=runs, gain=runs, grad_norm=runs, gates=runs[1:]), legends
+    for args, message in (([str(tmp_path)], f"no metrics.jsonl in '{tmp_path}'"), ([], "name the runs to plot")):
+        status, _, err = run_in_this_process("plot.py", *args, f"--out={tmp_path / 'plots'}")
+        assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
 

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 import residuals
-from configurator import configure, fail
+from configurator import check_ranges, configure, fail
 from model import GPT, GPTConfig
 from prepare import DATA_DIR, get_batch, prepare_dataset
 from residuals import TOPOLOGIES, sinkhorn
@@ -61,8 +61,13 @@ n_streams = 4  # for every topology but residual (1)
 seed = 1337
 profile = ""  # a topology: instead of the table, where its added step time goes, op by op (CPU)
 dry_run = False  # with --device=cuda: that section's code on the CPU at tiny sizes (Triton's interpreter)
+# Every numeric setting's allowed values (configurator.check_ranges)
+RANGES = dict(warmup="[1, inf)", rounds="[1, inf)", seed="[0, 4294967295]",  # as train.py's seed
+              n_layer="[1, inf)", n_embd="[1, inf)", n_head="[1, inf)",
+              n_streams="[2, 5]")  # every stream topology takes it: mhc_lite at most 5
 # -----------------------------------------------------------------------------
 configure(globals())
+check_ranges(globals(), RANGES)
 if dry_run and device != "cuda":
     fail(f"--dry_run=True runs the GPU section's code on the CPU: it takes --device=cuda, got '{device}'")
 if dry_run:
@@ -71,11 +76,8 @@ names = list(TOPOLOGIES) if topologies == "all" else topologies.split(",")
 if any(name not in TOPOLOGIES for name in names) or "residual" not in names:
     fail(f"--topologies={topologies}: comma-separated names from {', '.join(TOPOLOGIES)}, residual among them "
          f"(the ratios are to it), or all")
-if n_layer < 1 or n_head < 1 or n_embd % n_head:
-    fail(f"--n_layer={n_layer}, --n_embd={n_embd}, --n_head={n_head}: layers and heads at least 1, and the "
-         f"width a multiple of the heads")
-if warmup < 1 or rounds < 1:
-    fail(f"warmup ({warmup}) and rounds ({rounds}) must be at least 1")
+if n_embd % n_head:
+    fail(f"--n_embd={n_embd}, --n_head={n_head}: the width must be a multiple of the heads")
 if profile and (profile not in TOPOLOGIES or profile == "residual" or device != "cpu"):
     fail(f"--profile takes a topology other than residual, with --device=cpu; got '{profile}' on {device}; "
          f"choose one of: {', '.join(name for name in TOPOLOGIES if name != 'residual')}")

@@ -54,16 +54,13 @@ import sys
 import time
 from typing import NamedTuple
 
-import matplotlib
 import torch
 from tqdm import tqdm
 
-from configurator import configure, fail
+from configurator import check_ranges, configure, fail
+from plot import draw, has, read_metrics
 from residuals import TOPOLOGIES
 from stats import mean_std, paired, paired_cell
-
-matplotlib.use("Agg")  # files only: no display needed
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 
 class Preset(NamedTuple):
@@ -190,7 +187,10 @@ runs_dir = ""  # "" means compare-<preset>
 results_dir = ""  # "" means results/<preset>
 train = True  # False: only redraw the table and plots from <results_dir>/metrics
 progress = "auto"  # auto: a bar if stderr is a terminal, else a line per finished run (as train.py); bar; lines
+# Every numeric setting's allowed values (configurator.check_ranges); "or 0": 0 means what its comment says
+RANGES = dict(tuning_seed="[1, 4294967295] or 0", extend="[0, inf)", jobs="[1, inf) or 0")  # seeds as train.py's
 configure(globals())
+check_ranges(globals(), RANGES)
 
 if preset not in PRESETS:
     fail(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")
@@ -215,13 +215,9 @@ tuning_seed = tuning_seed or PRESET.tuning_seed
 if grid and tuning_seed in seed_list:
     fail(f"--tuning_seed={tuning_seed} is one of the comparison's seeds ({seeds}): the rates must be chosen on "
          f"a seed the comparison does not use")
-if extend < 0:
-    fail(f"--extend={extend}: expected 0 or a positive number of times the grid may grow")
 if progress not in ("auto", "bar", "lines"):
     fail(f"--progress={progress}: choose one of auto, bar, lines")
 progress = ("bar" if sys.stderr.isatty() else "lines") if progress == "auto" else progress
-if jobs < 0:
-    fail(f"--jobs={jobs}: expected 0 (automatic) or a positive number of runs at a time")
 on_cpu = "--device=cpu" in PRESET.args
 jobs = jobs or ((os.cpu_count() or 1) if on_cpu else 1)
 runs_dir = runs_dir or f"compare-{preset}"
@@ -486,16 +482,10 @@ def load_metrics(runs):
         fail(f"no metrics in {metrics_dir} for {', '.join(missing)}; train them first (--train=True)")
     curves, progress = ({label: [] for label in labels} for _ in range(2))
     for run in runs:
-        with open(paths[run.name]) as f:
-            rows = [json.loads(line) for line in f]
-        curves[run.label].append([row for row in rows if "val_loss" in row])
-        progress[run.label].append([row for row in rows if "grad_norm" in row])
+        evaluations, progress_rows = read_metrics(paths[run.name])
+        curves[run.label].append(evaluations)
+        progress[run.label].append(progress_rows)
     return curves, progress
-
-
-def has(seed_rows, key):
-    """Whether every seed's rows have the key: older runs lack the newer metrics."""
-    return all(rows_ and key in rows_[-1] for rows_ in seed_rows)
 
 
 def summarize(curves, progress):
@@ -547,116 +537,6 @@ def table(rows):
     return "\n".join(lines)
 
 
-def mean_curve(seed_rows, key):
-    """(iterations, mean, min, max) of one metric over seeds, at the iterations every seed has."""
-    by_iter = [{r["iter"]: r[key] for r in rows_} for rows_ in seed_rows]
-    iters = sorted(set.intersection(*map(set, by_iter)))
-    values = [[seed[i] for seed in by_iter] for i in iters]  # per iteration: one value per seed
-    return iters, [statistics.mean(v) for v in values], [min(v) for v in values], [max(v) for v in values]
-
-
-def colors_of(curves):
-    """One colour per variant, the same in every plot: tab10's ten, tab20's beyond."""
-    palette = plt.cm.tab10.colors if len(curves) <= 10 else plt.cm.tab20.colors
-    return dict(zip(curves, itertools.cycle(palette)))
-
-
-def save(fig, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})  # no matplotlib version: the same data, the same bytes
-    plt.close(fig)
-
-
-def plot_val_loss(curves, colors, path):
-    """Left the whole run, right the second half enlarged: the differences live there."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for label, seed_rows in curves.items():
-        iters, mean, low, high = mean_curve(seed_rows, "val_loss")
-        for ax, start in zip(axes, (0, len(iters) // 2)):
-            ax.plot(iters[start:], mean[start:], color=colors[label], label=label)
-            ax.fill_between(iters[start:], low[start:], high[start:], color=colors[label], alpha=0.2, linewidth=0)
-    axes[0].set_title("validation loss (line: mean over seeds, band: min to max)")
-    axes[1].set_title("second half, enlarged")
-    for ax in axes:
-        ax.set_xlabel("iteration")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("loss")
-    axes[0].legend(fontsize=8)  # the left panel's upper right is empty
-    save(fig, path)
-    return True
-
-
-def plot_lines(curves, colors, path, panels, marker=None):
-    """One panel per (key, title, y scale): each variant's mean over seeds against the
-    iteration. A variant without the key is left out of the panel; no plot at all,
-    and False, when no variant has any of the keys."""
-    if not any(has(seed_rows, key) for seed_rows in curves.values() for key, _, _ in panels):
-        return False
-    n_cols = min(2, len(panels))
-    n_rows = -(-len(panels) // n_cols)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(6 * n_cols, 4.5 * n_rows), squeeze=False)
-    for ax, (key, title, scale) in zip(axes.flat, panels):
-        for label, seed_rows in curves.items():
-            if has(seed_rows, key):
-                iters, mean, _, _ = mean_curve(seed_rows, key)
-                ax.plot(iters, mean, color=colors[label], label=label, marker=marker)
-        ax.set_title(title)
-        ax.set_xlabel("iteration")
-        ax.set_yscale(scale)
-        ax.grid(alpha=0.3, which="both")
-    axes.flat[0].legend(fontsize=8)
-    save(fig, path)
-    return True
-
-
-def plot_gain(curves, colors, path):
-    """The residual path's composite MIX product P (model.diagnostics), mean over seeds."""
-    return plot_lines(curves, colors, path, [
-        ("gain_forward", "forward gain: max row sum of P", "log"),
-        ("gain_backward", "backward gain: max column sum of P", "log"),
-        ("gain_mean_direction", "mean-direction gain |P 1| / |1|, mean over tokens", "linear"),
-        ("effective_rank", "effective rank of P (1 to n streams)", "linear"),
-    ], marker=".")
-
-
-def plot_grad_norm(progress, colors, path):
-    """Spikes between evaluations: the largest norm in each log interval, mean over seeds."""
-    return plot_lines(progress, colors, path, [
-        ("grad_norm_max", "global gradient norm before clipping (max per log interval)", "log")])
-
-
-def plot_gates(curves, colors, path):
-    """Per sublayer at the end of training, mean over seeds with the seeds' min to
-    max: the gates reset (below 0.01), the mean gate, and the gate logits held in the
-    gate's flat region, where an update changes nothing."""
-    gated = {label: seed_rows for label, seed_rows in curves.items() if has(seed_rows, "gate_mean")}
-    if not gated:
-        return False
-    n_sublayers = len(next(iter(gated.values()))[0][-1]["gate_mean"])  # 2 per layer: attention, MLP
-    panels = [("gate_reset_fraction", "fraction of gates reset (< 0.01)"), ("gate_mean", "mean gate"),
-              ("gate_logits_clipped", "fraction of gate logits held in the flat region")]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4 * len(panels)))
-    width = 0.8 / len(gated)
-    for i, (label, seed_rows) in enumerate(gated.items()):
-        for ax, (key, _) in zip(axes, panels):
-            if not has(seed_rows, key):
-                continue
-            per_sublayer = list(zip(*[rows_[-1][key] for rows_ in seed_rows]))  # per sublayer: one value per seed
-            mean = [statistics.mean(v) for v in per_sublayer]
-            error = [[m - min(v) for m, v in zip(mean, per_sublayer)], [max(v) - m for m, v in zip(mean, per_sublayer)]]
-            x = [j + (i - (len(gated) - 1) / 2) * width for j in range(len(mean))]
-            ax.bar(x, mean, width, yerr=error, color=colors[label], label=label, capsize=2)
-    sublayers = [f"{layer} {kind}" for layer in range(n_sublayers // 2) for kind in ("attn", "mlp")]
-    for ax, (_, title) in zip(axes, panels):
-        ax.set_title(title + ", end of training")
-        ax.set_xticks(range(n_sublayers), sublayers, rotation=45)
-        ax.set_xlabel("layer, sublayer")
-        ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=8, loc="upper left")
-    save(fig, path)
-    return True
-
-
 def report():
     losses = tune(lambda runs: None, metrics_dir)  # the same choices, from the copies of the tuning runs
     chosen = choices(losses)
@@ -665,11 +545,7 @@ def report():
     if len({len(rows_) for seed_rows in curves.values() for rows_ in seed_rows}) != 1:
         fail(f"the runs in {metrics_dir} have different numbers of evaluations: train them with the same settings")
     rows = summarize(curves, progress)
-    colors = colors_of(curves)
-    plots = [f"![{title}]({name})" for name, title, draw, data in [
-        ("val_loss.png", "validation loss", plot_val_loss, curves), ("gain.png", "composite gain", plot_gain, curves),
-        ("grad_norm.png", "gradient norm", plot_grad_norm, progress), ("gates.png", "gates", plot_gates, curves),
-    ] if draw(data, colors, os.path.join(results_dir, name))]
+    plots = [f"![{title}]({name})" for name, title in draw(curves, progress, results_dir)]
     info = study_record(tuning_runs(losses) + runs)
     shown_args = [os.path.relpath(arg, HERE) if arg.startswith(HERE) else arg
                   for arg in PRESET.args + shlex.split(train_args)]

@@ -17,10 +17,19 @@ which applies, in order, every argument of the command line:
 A mistake (unknown key, wrong type, missing file) prints one line naming the
 problem and what is allowed, and exits with status 2: never a traceback.
 Returns the set of keys that were set, so a script can tell a user's choice
-from a default.
+from a default. Then
+
+    check_ranges(globals(), RANGES)
+
+holds every numeric setting to its range, a table beside the settings, before
+any work: a size of 0 is the same one-line error, not a traceback later or a
+model that trains silently wrong.
 """
+import math
+import re
 import sys
 from ast import literal_eval
+from typing import NamedTuple
 
 
 def fail(message):
@@ -77,6 +86,50 @@ def configure(config, argv=None):
         config[key] = parse_value(key, text, config[key])
         overridden.add(key)
     return overridden
+
+
+class Range(NamedTuple):
+    """The values a numeric setting may take: an interval, and perhaps one value
+    outside it that means something of its own (0: the default, or off)."""
+    low: float
+    high: float
+    low_open: bool
+    high_open: bool
+    special: float  # None: no such value
+
+    def holds(self, value):  # False for nan
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return (above and below) or value == self.special
+
+
+def parse_range(text, config):
+    """A range as mathematics writes intervals: "[1, inf)", "(0, 1]", "[0,
+    learning_rate]" (a bound may name another setting), then perhaps "or V": "[1,
+    inf) or 0"."""
+    match = re.fullmatch(r"([\[(])(\S+), (\S+)([\])])(?: or (\S+))?", text)
+    if not match:
+        raise ValueError(f"not a range: {text!r}; write e.g. [1, inf), (0, 1], [0, learning_rate] or [1, inf) or 0")
+    left, low, high, right, special = match.groups()
+    bound = lambda b: math.inf if b == "inf" else config[b] if b in config else literal_eval(b)
+    return Range(bound(low), bound(high), left == "(", right == ")", None if special is None else literal_eval(special))
+
+
+def describe_range(text, config):
+    """'at least 1', 'greater than 0', 'in [0, learning_rate] (learning_rate = 0.001)', '..., or 0'"""
+    interval, _, special = text.partition(" or ")
+    low, high = interval[1:-1].split(", ")
+    words = f"{'greater than' if interval[0] == '(' else 'at least'} {low}" if high == "inf" else f"in {interval}"
+    words += "".join(f" ({b} = {config[b]})" for b in (low, high) if b in config)
+    return words + (f", or {special}" if special else "")
+
+
+def check_ranges(config, ranges):
+    """Every setting in ranges (setting -> range, as parse_range reads it) within its
+    range; the first one outside is a one-line error naming it and what is allowed."""
+    for key, text in ranges.items():
+        if not parse_range(text, config).holds(config[key]):
+            fail(f"--{key}={config[key]}: must be {describe_range(text, config)}")
 
 
 def choose_device(device, dtype, local_rank=0):

@@ -24,7 +24,7 @@ import sys
 
 import matplotlib
 
-from configurator import configure, fail
+from configurator import check_ranges, configure, fail
 from stats import mean_std, paired, paired_cell
 
 matplotlib.use("Agg")  # files only: no display needed
@@ -37,9 +37,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 train = True  # False: only redraw from results/<preset>/ of each depth
 jobs = 0  # passed to compare.py: runs at a time (0: one per core)
 results_dir = "results"  # where the presets' folders are; the sweep writes <results_dir>/depth_sweep
+RANGES = dict(jobs="[1, inf) or 0")  # every numeric setting's allowed values (configurator.check_ranges)
 configure(globals())
-if jobs < 0:
-    fail(f"--jobs={jobs}: expected 0 (automatic) or a positive number of runs at a time")
+check_ranges(globals(), RANGES)
 
 
 def train_depths():

@@ -7,6 +7,8 @@
 #     bash gpu_check.sh                  # writes to $OUT (default results/gpu/, to commit)
 #     GPU_TESTS_ON_CPU=1 bash gpu_check.sh
 #                                        # the dry run on a CPU: the interpreter, tiny sizes
+#     PYTHON=.venv/bin/python bash gpu_check.sh
+#                                        # that interpreter, not the python3 first on PATH
 #
 # Verdicts: pass; FAIL (failed); FAIL (nothing ran: every test skipped or none
 # selected); FAIL (some skipped); FAIL (timed out), with the tests that finished
@@ -46,21 +48,22 @@
 # own CUDA torch and triton are the ones to test (a GPU machine may have no network).
 set -uo pipefail
 cd "$(dirname "$0")"
+python=${PYTHON:-python3}  # every Python below: the one with torch and the packages, e.g. a venv's
 out=${OUT:-results/gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 dry=${GPU_TESTS_ON_CPU:-0}
-if [ "$dry" != 1 ] && ! python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+if [ "$dry" != 1 ] && ! "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
     echo "error: torch sees no CUDA GPU; run this on a GPU machine with a CUDA build of torch (GPU_TESTS_ON_CPU=1 for a dry run)" >&2
     exit 1
 fi
-if ! missing=$(python3 -c 'import importlib.util as u; print(" ".join(m for m in ("triton", "numpy", "tiktoken", "tqdm", "pytest") if not u.find_spec(m)))') || [ -n "$missing" ]; then
-    echo "error: missing Python packages: ${missing:-?}; install them without touching torch (pip install --no-deps NAME)" >&2
+if ! missing=$("$python" -c 'import importlib.util as u; print(" ".join(m for m in ("triton", "numpy", "tiktoken", "tqdm", "pytest") if not u.find_spec(m)))') || [ -n "$missing" ]; then
+    echo "error: missing Python packages in $python: ${missing:-?}; install them without touching torch (pip install --no-deps NAME)" >&2
     exit 1
 fi
 { if command -v nvidia-smi > /dev/null; then nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   else echo "no nvidia-smi (GPU_TESTS_ON_CPU=$dry)"; fi
-  python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+  "$python" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
   git rev-parse HEAD 2>/dev/null; date -u; } > "$out/env.txt" 2>&1
 
 # The stages' selections (by name: every GPU test is test_gpu_*, and no other test's
@@ -75,7 +78,7 @@ bench_args=${GPU_CHECK_BENCH_ARGS-$bench_default}
 
 tests() {  # NAME, -k expression: tests-NAME.txt (pytest -v, a line per test as it ends) and tests-NAME.verdict
     local start=$(date +%s) rc counts verdict
-    timeout -k 10 "$tests_cap" env TRITON_INTERPRET=$interpret python3 -m pytest tests.py -k "$2" -v -rs \
+    timeout -k 10 "$tests_cap" env TRITON_INTERPRET=$interpret "$python" -m pytest tests.py -k "$2" -v -rs \
         -p no:cacheprovider > "$out/tests-$1.txt" 2>&1
     rc=$?
     # every test's own line: "tests.py::test_x[...] PASSED", also when the stage was killed
@@ -96,7 +99,7 @@ wait
 
 # bench.py's GPU tables (the dry run: the same code on the CPU, interpreter, tiny sizes)
 start=$(date +%s)
-timeout -k 10 "$bench_cap" python3 bench.py $bench_args > "$out/bench.txt" 2>&1
+timeout -k 10 "$bench_cap" "$python" bench.py $bench_args > "$out/bench.txt" 2>&1
 bench_rc=$?
 bench_s=$(( $(date +%s) - start ))
 case $bench_rc in

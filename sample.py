@@ -13,7 +13,7 @@ import pickle
 
 import torch
 
-from configurator import choose_device, configure, fail
+from configurator import check_ranges, choose_device, configure, fail
 from model import GPT, KERNELS, GPTConfig, load_checkpoint
 from prepare import DATA_DIR, gpt2_tokenizer
 
@@ -28,12 +28,12 @@ seed = 1337
 device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
 kernels = "fused"  # the stream ops (model.stream_ops): reference, fused or triton
+# Every numeric setting's allowed values (configurator.check_ranges); "or 0": 0 means what its comment says
+RANGES = dict(num_samples="[1, inf)", max_new_tokens="[1, inf)", temperature="(0, inf)", top_k="[1, inf) or 0",
+              seed="[0, 4294967295]")  # as train.py's seed
 # -----------------------------------------------------------------------------
 configure(globals())
-if num_samples < 1 or max_new_tokens < 1:
-    fail("num_samples and max_new_tokens must be at least 1")
-if temperature <= 0:
-    fail(f"temperature must be > 0, got {temperature}")
+check_ranges(globals(), RANGES)
 if kernels not in KERNELS:
     fail(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
 device, device_type, dtype, autocast = choose_device(device, dtype)

@@ -1,5 +1,6 @@
 """
 The test suite, CPU only:  python -m pytest tests.py
+The quick check, every file without the slow tests:  python -m pytest tests.py -m "not slow"
 
 Tests check behaviour a user relies on (the step-0 network is the residual one,
 training lowers the loss, a resumed run equals an uninterrupted one, every fast
@@ -7,7 +8,12 @@ op equals the maths it speeds up), not shapes. One section per source file, in
 the README's reading order: residuals.py, model.py, prepare.py and train.py,
 sample.py, theory.py, fused.py and kernels.py (every fast op against
 residuals.py, through model.stream_ops; the Triton kernels run on the CPU in
-Triton's interpreter), compare.py, bench.py.
+Triton's interpreter), compare.py, plot.py, bench.py.
+
+`slow` (pytest.ini) marks what takes seconds to minutes: the Triton interpreter's
+cases, compiling, and train.py or compare.py in processes of their own. Every
+script a test starts runs under sys.executable, never the python3 on PATH
+(python_on_path_is_not_this_one).
 """
 import contextlib
 import io
@@ -27,6 +33,7 @@ import time
 # want them compiled: TRITON_INTERPRET=0 python -m pytest tests.py -k test_gpu_
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import matplotlib.figure
 import numpy as np
 import pytest
 import torch
@@ -38,6 +45,7 @@ except ModuleNotFoundError as e:  # no triton (macOS, Windows): its tests skip, 
     if e.name != "triton":
         raise
     kernels = None
+import configurator
 import residuals
 import theory
 from model import GPT, GPTConfig, check_config, stream_ops
@@ -47,6 +55,8 @@ from theory import DT
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 needs_triton = pytest.mark.skipif(kernels is None, reason="triton is not installed (it has wheels for Linux only)")
+slow = pytest.mark.slow  # left out of the quick check (pytest.ini)
+TRITON = pytest.param("triton", marks=slow)  # the interpreter: seconds a case
 STREAM_TOPOLOGIES = [name for name in TOPOLOGIES if name != "residual"]
 GATED = ("gated_ihc", "norm_gated_ihc", "mean_gated_ihc")
 # a model small enough to train in seconds on 2 cores
@@ -116,6 +126,21 @@ def training_batches(count, batch_size=8, block_size=16, seed=0):
     data = np.memmap(os.path.join(DATA_DIR, "shakespeare_char", "train.bin"), dtype=np.uint16, mode="r")
     gen = torch.Generator().manual_seed(seed)
     return [get_batch(data, batch_size, block_size, gen) for _ in range(count)]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def python_on_path_is_not_this_one(tmp_path_factory):
+    """First on PATH, a python3 (and python) that is not the interpreter running the
+    tests and fails, as for a user whose venv is not activated: every script a test
+    runs must run under sys.executable, never whichever python3 PATH finds first."""
+    stand_ins = tmp_path_factory.mktemp("path")
+    for name in ("python", "python3"):
+        (stand_ins / name).write_text(f"#!/bin/sh\necho 'error: {name} from PATH, not {sys.executable}' >&2\nexit 1\n")
+        (stand_ins / name).chmod(0o755)
+    path = os.environ["PATH"]
+    os.environ["PATH"] = f"{stand_ins}{os.pathsep}{path}"
+    yield
+    os.environ["PATH"] = path
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -222,9 +247,10 @@ def check_against_reference(impl, op, inputs, tol, constants={}, used=None, expa
 # error allowed: fused in float64 (the same maths, rounding-level), Triton in float32
 # and bf16 (kernels load in the tensor's dtype and compute in float32)
 FAST = pytest.mark.parametrize("impl, dtype, tol", [
-    ("fused", torch.float64, 1e-10), ("triton", torch.float32, 1e-5), ("triton", torch.bfloat16, 1e-2)],
-    ids=["fused", "triton", "triton-bf16"])
-IMPLS = pytest.mark.parametrize("impl", ["fused", "triton"])
+    pytest.param("fused", torch.float64, 1e-10, id="fused"),
+    pytest.param("triton", torch.float32, 1e-5, id="triton", marks=slow),
+    pytest.param("triton", torch.bfloat16, 1e-2, id="triton-bf16", marks=slow)])
+IMPLS = pytest.mark.parametrize("impl", ["fused", TRITON])
 
 
 # =============================================================================
@@ -902,6 +928,7 @@ def test_every_topology_trains(name, tmp_path):
         assert not gated or len(row["gate_mean"]) == 2 * 2  # one per sublayer of the 2 layers
 
 
+@slow
 def test_resume_matches_uninterrupted_run(tmp_path):
     common = ["--residual=mhc", "--eval_interval=20", "--lr_decay_iters=40", "--always_save_checkpoint=True", *TINY]
     train_here("--max_iters=40", f"--out_dir={tmp_path / 'straight'}", *common)  # the reference; the legs: processes
@@ -940,6 +967,7 @@ def test_progress_rows_hold_the_gradient_norm_before_clipping(grad_clip, tmp_pat
 
 @pytest.mark.parametrize("progress, stderr_is_a_terminal, bar", [
     ("auto", False, False), ("auto", True, True), ("bar", False, True), ("lines", True, False)])
+@slow
 def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stderr_is_a_terminal, bar, tmp_path):
     """A bar redraws itself with carriage returns: fine at a terminal, a mess in a
     log file, which gets one plain line per log_interval. auto picks by whether
@@ -978,7 +1006,7 @@ def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stde
     (["--residual=mhc_lite", "--n_streams=6"], "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
     (["--residual=residual", "--n_streams=4"], "residual 'residual' needs n_streams exactly 1, got 4"),
     (["--residual=gated_ihc", "--gate=sigmoid"], "unknown gate 'sigmoid'; choose one of: " + ", ".join(residuals.GATES)),
-    (["--residual=norm_gated_ihc", "--gate_init=1.5"], "gate_init must be in (0, 1], or 0 for the gate's own init, got 1.5"),
+    (["--residual=norm_gated_ihc", "--gate_init=1.5"], "--gate_init=1.5: must be in (0, 1], or 0"),
     (["--residual=norm_gated_ihc", "--gate=binary", "--gate_init=0.5"], "the binary gate is 0 or 1: gate_init must be 1"),
     (["--residual=ihc", "--gate=binary"], "gate: gate settings apply to gated_ihc, norm_gated_ihc and mean_gated_ihc only"),
     (["--residual=mean_gated_ihc", "--gate_deviations=True"], "gate_deviations: mean_gated_ihc has one gate"),
@@ -1006,9 +1034,73 @@ def test_train_rejects_bad_data_and_system_settings(args, message, tmp_path):
 def test_train_checks_out_dir_before_training(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    result = run("train.py", f"--out_dir={blocker / 'run'}", "--max_iters=1000000", check=False)
-    assert result.returncode == 2 and "is not writable" in result.stderr and "Traceback" not in result.stderr
-    assert "iter 0" not in result.stdout, "the out_dir must be checked before any training"
+    status, out, err = run_in_this_process("train.py", f"--out_dir={blocker / 'run'}", "--max_iters=1000000")
+    assert status == 2 and "is not writable" in err and "iter 0" not in out, "checked before any training"
+
+
+class Checked(Exception):
+    """Raised in place of a script's work, right after its range check."""
+
+
+RANGED = ["train.py", "sample.py", "compare.py", "bench.py", "depth_sweep.py"]
+
+
+def settings_and_ranges(script, monkeypatch):
+    """The script's settings (their defaults) and RANGES, as its check_ranges call gets them."""
+    seen = {}
+
+    def record(config, ranges):
+        seen.update(settings={k: config[k] for k in configurator.config_keys(config)}, ranges=ranges)
+        raise Checked
+
+    with monkeypatch.context() as patch, pytest.raises(Checked):
+        patch.setattr(configurator, "check_ranges", record)
+        run_in_this_process(script)
+    return seen["settings"], seen["ranges"]
+
+
+def beside_the_ends(r, default):
+    """The values just outside and just inside each finite end of the range r, in the
+    setting's type (never the special value as an outside one); the special value too."""
+    step = (lambda v, d: v + d) if isinstance(default, int) else (lambda v, d: math.nextafter(v, d * math.inf))
+    outside, inside = [], [] if r.special is None else [r.special]
+    for end, is_open, d in ((r.low, r.low_open, -1), (r.high, r.high_open, 1)):
+        if math.isinf(end):
+            continue
+        out, into = (end, step(end, -d)) if is_open else (step(end, d), end)
+        while out == r.special:
+            out = step(out, d)
+        outside.append(type(default)(out))
+        inside.append(type(default)(into))
+    return outside, inside
+
+
+@pytest.mark.parametrize("script", RANGED)
+def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monkeypatch):
+    """Walks the script's own RANGES: every numeric setting has an entry (a new one
+    without a range fails here), and each is checked at both ends, in the script:
+    just outside is a one-line error naming it (exit 2, before any work), just
+    inside passes its own check (another's may depend on it: min_lr on learning_rate)."""
+    settings, ranges = settings_and_ranges(script, monkeypatch)
+    numeric = {k for k, v in settings.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert set(ranges) == numeric, f"{script}: numeric settings without a range: {numeric - set(ranges)}; " \
+                                   f"ranges of no setting: {set(ranges) - numeric}"
+    check = configurator.check_ranges
+    for key, text in ranges.items():
+        def check_then_stop(config, ranges, key=key):
+            check(config, {key: ranges[key]})
+            raise Checked
+
+        outside, inside = beside_the_ends(configurator.parse_range(text, settings), settings[key])
+        assert outside, f"{script}: {key}'s range {text} has no finite end"
+        for value in outside:
+            status, _, stderr = run_in_this_process(script, f"--{key}={value!r}")
+            assert status == 2 and stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
+            assert len(stderr.strip().splitlines()) == 1, stderr
+        for value in inside:
+            with monkeypatch.context() as patch, pytest.raises(Checked):
+                patch.setattr(configurator, "check_ranges", check_then_stop)
+                run_in_this_process(script, f"--{key}={value!r}")
 
 
 @pytest.mark.parametrize("script, args, message", [
@@ -1044,6 +1136,49 @@ def start_training(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+# train.py with an evaluation that cannot finish on its own: the first one after
+# training began waits in its first batch for an Event nobody sets, and says so;
+# only a signal ends it. argv[1] "evaluation,save": the checkpoint's write waits too.
+BLOCKED = """
+import runpy, sys, threading
+import torch
+import model
+
+blocked, sys.argv = sys.argv[1].split(","), sys.argv[2:]
+forward, trained = model.GPT.forward, []
+
+
+def wait_for_ever(what):
+    print(what, "blocked", flush=True)
+    threading.Event().wait()
+
+
+def forward_or_wait(self, *args, **kwargs):
+    if self.training:
+        trained.append(True)
+    elif trained:
+        wait_for_ever("evaluation")
+    return forward(self, *args, **kwargs)
+
+
+model.GPT.forward = forward_or_wait
+if "save" in blocked:
+    torch.save = lambda *args, **kwargs: wait_for_ever("save")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def start_blocked(blocked, *args):
+    """train.py args, under BLOCKED; returns once the blocked evaluation has begun."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED, blocked, "train.py", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line == "evaluation blocked\n":
+            return proc
+    raise AssertionError(f"train.py ended before its evaluation: {proc.communicate()[1][-3000:]}")
+
+
 SIGNAL_COMMON = ["--residual=gated_ihc", "--eval_interval=30", "--lr_decay_iters=60", *TINY]
 
 
@@ -1055,30 +1190,55 @@ def straight_60(tmp_path_factory):
     return metrics(out)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_signal_saves_and_resume_continues_the_same_run(signum, straight_60, tmp_path):
-    """Stopped by a signal sent when the run reports iteration 15, not after a
-    sleep: the stopped run is set to go on for a million iterations, so no machine
-    finishes first, on the same learning-rate schedule as the straight 60."""
-    common = SIGNAL_COMMON
-    proc = start_training("--max_iters=1000000", f"--out_dir={tmp_path / 'stopped'}", *common,
-                          "--progress=lines", "--log_interval=1")
-    for line in proc.stdout:  # handlers are installed before the first iteration
-        if line.startswith("iter 15: loss"):
-            break
+@slow
+@pytest.mark.parametrize("signum, during", [(signal.SIGINT, "training"), (signal.SIGTERM, "evaluation")])
+def test_signal_saves_and_resume_continues_the_same_run(signum, during, straight_60, tmp_path):
+    """Stopped by a signal sent when the run reports iteration 15, or during the
+    evaluation at 30 that cannot finish on its own (BLOCKED), not after a sleep:
+    the stopped run is set to go on for a million iterations, so no machine
+    finishes first, on the same learning-rate schedule as the straight 60. The
+    abandoned evaluation changed nothing: the checkpoint holds the 30 iterations."""
+    args = ["--max_iters=1000000", f"--out_dir={tmp_path / 'stopped'}", *SIGNAL_COMMON, "--progress=lines",
+            "--log_interval=1"]
+    if during == "training":
+        proc = start_training(*args)
+        for line in proc.stdout:  # handlers are installed before the first iteration
+            if line.startswith("iter 15: loss"):
+                break
+    else:
+        proc = start_blocked("evaluation", *args)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, err  # the shell's code for a run stopped by a signal
     stopped_at = torch.load(tmp_path / "stopped" / "ckpt.pt", weights_only=True)["iter_num"]
     assert f"saved {tmp_path / 'stopped' / 'ckpt.pt'} at iteration {stopped_at}" in out
     assert 15 <= stopped_at < 60, f"stopped at {stopped_at}: the resume below would check nothing"
-    run("train.py", "--max_iters=60", f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", *common)
+    if during == "evaluation":
+        assert stopped_at == 30 and "iter 30: train loss" not in out and len(metrics(tmp_path / "stopped")) == 1
+    run("train.py", "--max_iters=60", f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", *SIGNAL_COMMON)
     straight, resumed = straight_60, metrics(tmp_path / "stopped")
     assert [r["iter"] for r in resumed] == [r["iter"] for r in straight] == [0, 30, 60]
     for a, b in zip(straight, resumed):
         assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, f"iter {a['iter']}: {a['val_loss']} vs {b['val_loss']}"
 
 
+@slow
+def test_a_second_signal_exits_at_once_without_saving(tmp_path):
+    """The first signal abandons the blocked evaluation at iteration 1 and its save
+    waits for ever (BLOCKED): only the second can end the run, at once, saying so."""
+    first, second = signal.SIGTERM, signal.SIGINT
+    proc = start_blocked("evaluation,save", "--max_iters=1000000", f"--out_dir={tmp_path}", *SIGNAL_COMMON,
+                         "--eval_interval=1")
+    proc.send_signal(first)
+    assert proc.stdout.readline() == "save blocked\n"
+    proc.send_signal(second)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + second, err
+    assert err.strip() == f"{second.name} again: exited at once, without saving (no checkpoint was saved yet)", err
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+@slow
 def test_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path):
     """A model big enough that writing its checkpoint takes a while (a save at
     every iteration), killed as soon as a save has begun to touch the files (its
@@ -1126,6 +1286,7 @@ def test_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
     assert (tmp_path / "ckpt.pt").read_bytes() == before
 
 
+@slow
 def test_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
     common = ["--residual=mhc", "--max_iters=10", "--eval_interval=10", "--warmup_iters=2", *TINY[:4], *TINY[5:]]
     train_here("--batch_size=12", f"--out_dir={tmp_path / 'one'}", *common)
@@ -1139,6 +1300,7 @@ def test_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
         assert abs(one[key] - two[key]) < 1e-4, f"{key}: {one[key]} vs {two[key]}"
 
 
+@slow
 @needs_triton
 @pytest.mark.parametrize("name", ["mhc", "norm_gated_ihc"])
 def test_training_with_triton_kernels_matches_fused(name, tmp_path):
@@ -1170,6 +1332,7 @@ def trained(tmp_path_factory):
     return out
 
 
+@slow
 def test_sample_prints_text_from_the_vocabulary(trained):
     out = run("sample.py", f"--out_dir={trained}", "--start=ROMEO:", "--num_samples=2",
               "--max_new_tokens=40", "--device=cpu").stdout
@@ -1494,8 +1657,8 @@ def dynamic_read_inputs(n, K, dtype=torch.float64, seed=0):
 
 @pytest.mark.parametrize("n,K", [(2, 0), (4, 0), (4, 4), (4, 16), (3, 6)], ids=["ihc2", "ihc", "gated", "mhc", "lite3"])
 @pytest.mark.parametrize("used", [(0, 1, 2), (0,), (0, 1)], ids=["all", "x", "no-res"])
-@pytest.mark.parametrize("impl, dtype, tol", [("fused", torch.float64, 1e-10), ("triton", torch.float32, 1e-5)],
-                         ids=["fused", "triton"])
+@pytest.mark.parametrize("impl, dtype, tol", [pytest.param("fused", torch.float64, 1e-10, id="fused"),
+                                             pytest.param("triton", torch.float32, 1e-5, id="triton", marks=slow)])
 def test_dynamic_read(n, K, used, impl, dtype, tol):
     """The coefficients and the read in one op against residuals.dynamic_read: x, post
     and res, and the gradient of h, W, alpha and bias, whichever outputs the loss uses."""
@@ -1528,7 +1691,7 @@ def sinkhorn_definition(logits, iters=20, dtype=torch.float64):
     return M
 
 
-ALL_IMPLS = pytest.mark.parametrize("impl", ["reference", "fused", "triton"])
+ALL_IMPLS = pytest.mark.parametrize("impl", ["reference", "fused", TRITON])
 
 
 @ALL_IMPLS
@@ -1561,8 +1724,9 @@ def test_sinkhorn_finite_for_extreme_logits(impl):
 
 
 SINKHORN_FAST = pytest.mark.parametrize("impl, dtype, tol", [
-    ("fused", torch.float64, 1e-10), ("fused", torch.float32, 1e-5), ("triton", torch.float32, 1e-5)],
-    ids=["fused", "fused-float32", "triton"])
+    pytest.param("fused", torch.float64, 1e-10, id="fused"),
+    pytest.param("fused", torch.float32, 1e-5, id="fused-float32"),
+    pytest.param("triton", torch.float32, 1e-5, id="triton", marks=slow)])
 
 
 @SINKHORN_FAST
@@ -1713,6 +1877,7 @@ def compile_for_gpu(ns, archs, workers=2):
     return {(int(a), kernel, int(n)): tuple(map(int, usage)) for a, kernel, n, *usage in rows}
 
 
+@slow
 @needs_triton
 @pytest.mark.parametrize("arch, ns", [(90, range(2, 9)), (80, (4, 8))], ids=["sm_90", "sm_80"])
 def test_kernels_compile_without_spills(arch, ns):
@@ -1755,6 +1920,7 @@ def compared(tmp_path_factory):
     return out, result.stdout + result.stderr
 
 
+@slow
 def test_compare_table_summarises_every_seed(compared):
     tmp_path, _ = compared
     table = (tmp_path / "results" / "results.md").read_text()
@@ -1786,6 +1952,7 @@ def test_compare_table_summarises_every_seed(compared):
         assert (tmp_path / "results" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@slow
 def test_compare_redraws_the_table_and_plots_byte_for_byte(compared, tmp_path):
     """--train=False rewrites results.md and every plot from the metrics copies, the same
     bytes; in a log (not a terminal) progress is a plain line per finished run."""
@@ -1816,13 +1983,16 @@ def test_committed_results_redraw_byte_for_byte(preset, tmp_path):
     marker = f"<!-- compare.py table: {preset} -->"
     assert marker in readme, f"results/README.md quotes no table of {preset}"
     (tmp_path / "README.md").write_text(readme.split(marker)[0] + marker + "\n(stale)\n<!-- end of table -->\n")
-    run("compare.py", f"--preset={preset}", "--train=False", f"--results_dir={tmp_path / preset}")
+    status, _, stderr = run_in_this_process("compare.py", f"--preset={preset}", "--train=False",
+                                            f"--results_dir={tmp_path / preset}")
+    assert status == 0, stderr
     for name in sorted(os.listdir(committed)):
         if name.endswith((".md", ".png")):
             assert (tmp_path / preset / name).read_bytes() == open(os.path.join(committed, name), "rb").read(), name
     table = readme.split(marker)[1].split("<!-- end of table -->")[0]
     assert (tmp_path / "README.md").read_text().split(marker)[1].split("<!-- end of table -->")[0] == table
 
+@slow
 def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
     """The gates preset's static variant is norm_gated_ihc with --alpha_init=0, run
     and named as such; ihc among the variants adds a paired column against it."""
@@ -1860,6 +2030,7 @@ def test_readme_summary_quotes_the_committed_results():
             assert cell in ("", "not run") or cell == tables[preset][label][3], (preset, label, cell)
 
 
+@slow
 def test_compare_skips_finished_runs(tmp_path):
     """With a grid: the tuning seed's runs at each rate, then the comparison's run at the
     rate whose final loss was the lowest there; a second call trains nothing.
@@ -1977,6 +2148,7 @@ def test_compare_refuses_a_runs_dir_another_call_is_training_in(tmp_path):
     assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "runs" / "mhc-s5").exists()
 
 
+@slow
 def test_compare_names_a_failed_run_in_one_line_and_continues_after_the_fix(tmp_path):
     result = compare(tmp_path, "--variants=ihc", "--seeds=1", "--train_args=--max_itters=5", check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -1988,6 +2160,7 @@ def test_compare_names_a_failed_run_in_one_line_and_continues_after_the_fix(tmp_
     assert "±" not in table.split("| variant")[1], "one seed has no standard deviation"
 
 
+@slow
 def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
     args = ["--variants=ihc", "--seeds=3", "--train_args=" + COMPARE_TRAIN_ARGS + " --max_iters=400 --eval_interval=50"]
     run("compare.py", f"--runs_dir={tmp_path / 'straight'}", f"--results_dir={tmp_path / 'r1'}", *args)
@@ -2015,6 +2188,36 @@ def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
     assert [os.path.basename(call["command"].split()[1]) for call in record["calls"]] == ["compare.py", "compare.py"]
     assert record["runs"] == {"ihc-s3": json.loads((tmp_path / "stopped" / "ihc-s3" / "run.json").read_text())["arguments"]}
     assert f"({record['calls'][0]['minutes']} min) then " in (tmp_path / "r2" / "results.md").read_text()
+
+
+
+# =============================================================================
+# plot.py
+# =============================================================================
+
+def test_plot_draws_any_runs_side_by_side(trained, tmp_path, monkeypatch):
+    """Two runs of one's own, one of them gated: compare.py's plots with a curve (or
+    bars) per run, labelled by its directory as typed; a folder that holds no run,
+    or no folder at all, is a one-line error."""
+    train_here("--residual=norm_gated_ihc", "--max_iters=10", "--eval_interval=5", "--log_interval=5",
+               f"--out_dir={tmp_path / 'gated'}", *TINY)
+    legends, savefig = {}, matplotlib.figure.Figure.savefig
+
+    def record_legend(fig, path, **kwargs):  # the first panel's legend, which holds every run it shows
+        legends[os.path.basename(path).split(".")[0]] = fig.axes[0].get_legend_handles_labels()[1]
+        savefig(fig, path, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record_legend)
+    runs = [str(trained), str(tmp_path / "gated")]
+    status, out, err = run_in_this_process("plot.py", *runs, f"--out={tmp_path / 'plots'}")
+    assert status == 0, err
+    plots = ["gain", "gates", "grad_norm", "val_loss"]
+    assert sorted(os.listdir(tmp_path / "plots")) == [f"{name}.png" for name in plots]  # no temporary file left
+    assert all((tmp_path / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in plots)
+    assert legends == dict(val_loss=runs, gain=runs, grad_norm=runs, gates=runs[1:]), legends
+    for args, message in (([str(tmp_path)], f"no metrics.jsonl in '{tmp_path}'"), ([], "name the runs to plot")):
+        status, _, err = run_in_this_process("plot.py", *args, f"--out={tmp_path / 'plots'}")
+        assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
 
@@ -2071,14 +2274,17 @@ def test_gpu_waits_for_ever():
     ("skips", "FAIL (nothing ran: 0 passed, 0 failed, 1 skipped)"),
     ("passes or skips", "FAIL (some skipped: 1 passed, 0 failed, 1 skipped)"),
     ("nothing_has_this_name", "FAIL (nothing ran: 0 passed, 0 failed, 0 skipped)"),
-    ("passes or waits", "FAIL (timed out after 15s; finished: 1 passed, 0 failed, 0 skipped)")])
+    pytest.param("passes or waits", "FAIL (timed out after 15s; finished: 1 passed, 0 failed, 0 skipped)",
+                 marks=slow)])
 def test_check_script_names_every_verdict(kernels_k, verdict, tmp_path):
+    """Under PYTHON, the interpreter running these tests: the python3 first on PATH
+    is a stand-in that fails (python_on_path_is_not_this_one)."""
     for name in ("gpu_check.sh", "configurator.py"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     (tmp_path / "tests.py").write_text(STAND_IN_TESTS)
     (tmp_path / "bench.py").write_text("print('| op | GB/s |')\n")
     env = dict(os.environ, GPU_TESTS_ON_CPU="1", OUT=str(tmp_path / "out"), GPU_CHECK_KERNELS_K=kernels_k,
-               GPU_CHECK_TRAINING_K="passes", GPU_CHECK_TESTS_S="15", GPU_CHECK_BENCH_ARGS="")
+               GPU_CHECK_TRAINING_K="passes", GPU_CHECK_TESTS_S="15", GPU_CHECK_BENCH_ARGS="", PYTHON=sys.executable)
     result = subprocess.run(["bash", str(tmp_path / "gpu_check.sh")], env=env, capture_output=True, text=True,
                             cwd=tmp_path, timeout=300)
     summary = result.stdout

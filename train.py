@@ -11,7 +11,8 @@ the device: nanoGPT's CPU recipe on a CPU, nanoGPT's shakespeare_char model
 torch.load(weights_only=True) reads it) and out_dir/metrics.jsonl: one JSON line
 per evaluation (val_loss, diagnostics) and one per log_interval (the training
 loss and the global gradient norm, which explains a spike). Ctrl-C or SIGTERM
-saves a checkpoint and exits; resume with --init_from=resume.
+saves a checkpoint and exits within an iteration, during an evaluation too; resume
+with --init_from=resume. A second Ctrl-C exits at once, without saving.
 """
 import dataclasses
 import json
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from configurator import choose_device, config_keys, configure, fail
+from configurator import check_ranges, choose_device, config_keys, configure, fail
 from model import GPT, KERNELS, GPTConfig, check_config, load_checkpoint, stream_ops
 from prepare import DATA_DIR, DATASETS, get_batch, prepare_dataset
 from residuals import TOPOLOGIES
@@ -86,9 +87,22 @@ progress = "auto"  # auto: a tqdm bar if stderr is a terminal, else lines; bar; 
 # nanoGPT's shakespeare_char model: the defaults on a GPU, for every key not set by the user
 GPU_DEFAULTS = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2,
                     max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100)
+# Every numeric setting's allowed values (configurator.check_ranges); "or 0": 0 means what its comment says
+RANGES = dict(
+    eval_interval="[1, inf)", eval_iters="[1, inf)", log_interval="[1, inf)", gradient_accumulation_steps="[1, inf)",
+    batch_size="[1, inf)", block_size="[1, inf)",  # shorter than the validation split, checked with the data
+    n_layer="[1, inf)", n_head="[1, inf)", n_embd="[1, inf)", dropout="[0, 1)",  # n_head divides n_embd: check_config
+    n_streams="[1, inf) or 0", alpha_init="[0, inf)", sinkhorn_iters="[1, inf)",  # each topology's n: check_config
+    gate_init="(0, 1] or 0",
+    gate_c_max="(1, inf)",  # at 1, c(g) g is gated_ihc's g; below 1 even open gates shrink every stream
+    learning_rate="(0, inf)", max_iters="[1, inf)", weight_decay="[0, inf)", beta1="[0, 1)", beta2="[0, 1)",
+    grad_clip="[0, inf)", warmup_iters="[0, inf)", lr_decay_iters="[1, inf) or 0", min_lr="[0, learning_rate]",
+    seed="[0, 4294967295]",  # 2^32 - 1, the usual largest seed (numpy's); torch overflows past 2^64
+)
 # -----------------------------------------------------------------------------
 setting_names = config_keys(globals())
 user_set = configure(globals())
+check_ranges(globals(), RANGES)
 
 # --- check every setting before any work, so a mistake costs nothing --------
 if residual not in TOPOLOGIES:
@@ -268,15 +282,29 @@ def keep_metrics_before(it):
         f.writelines(json.dumps(row) + "\n" for row in rows if row["iter"] < it + ("val_loss" not in row))
 
 
-stop_signal = None
+stop_signal = None  # the first Ctrl-C or SIGTERM
+evaluating = False  # while True, a signal abandons the evaluation
+
+
+class EvaluationAbandoned(Exception):
+    """Raised by request_stop out of an evaluation."""
 
 
 def request_stop(signum, frame):
-    """Ctrl-C / SIGTERM: finish the current iteration, save, exit with 128 + the
+    """Ctrl-C / SIGTERM: save the last consistent state and exit with 128 + the
     signal's number (130, 143: the shell's "stopped by a signal", so a script
-    running train.py can tell an interrupted run from a finished one)."""
+    running train.py can tell an interrupted run from a finished one). An
+    iteration under way finishes first: one is cheap, and a half-updated model is
+    never saved. An evaluation, the long part, is abandoned at once: it changes no
+    weights. A second signal exits at once, without saving."""
     global stop_signal
+    if stop_signal:  # os.write: this may interrupt a print, whose buffer is not reentrant
+        os.write(2, f"{signal.Signals(signum).name} again: exited at once, without saving ({last_checkpoint()})\n"
+                 .encode())
+        sys.exit(128 + signum)
     stop_signal = signal.Signals(signum)
+    if evaluating:
+        raise EvaluationAbandoned
 
 
 signal.signal(signal.SIGINT, request_stop)
@@ -315,13 +343,28 @@ def read_losses():
     for (it, _, _), (value, norm) in zip(unread_losses, values):
         max_grad_norm = max(max_grad_norm, norm)
         if not math.isfinite(value):
-            last = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was saved yet"
             bar.close()
-            print(f"error: loss is {value} at iteration {it}; stopped without saving ({last}). "
+            print(f"error: loss is {value} at iteration {it}; stopped without saving ({last_checkpoint()}). "
                   f"Try a lower --learning_rate or --dtype=float32", file=sys.stderr)
             sys.exit(1)
     unread_losses.clear()
     last_loss, last_grad_norm = values[-1]
+
+
+def last_checkpoint():
+    return f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was saved yet"
+
+
+def stop():
+    """The signal's exit: save the weights after iter_num whole iterations, exit 128 + its number."""
+    read_losses()  # the signal may have come after this iteration's report: never save a diverged model
+    if master:
+        save_checkpoint()
+        bar.write(f"{stop_signal.name}: saved {ckpt_path} at iteration {iter_num}; continue with --init_from=resume")
+    bar.close()
+    if ddp:
+        torch.distributed.destroy_process_group()
+    sys.exit(128 + stop_signal)
 
 
 def report():
@@ -349,11 +392,21 @@ while True:
     if iter_num > reported[1] and (iter_num % log_interval == 0 or iter_num % eval_interval == 0
                                    or iter_num >= max_iters or stop_signal):
         report()
+    if stop_signal:  # one that came during the last iteration
+        stop()
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
         group["lr"] = lr
     if iter_num % eval_interval == 0 or iter_num == max_iters:
-        losses = estimate_loss()
+        try:
+            evaluating = True
+            if stop_signal:  # one that came since the check above
+                raise EvaluationAbandoned
+            losses = estimate_loss()
+        except EvaluationAbandoned:
+            stop()
+        finally:
+            evaluating = False
         tokens_per_sec = tokens_since_eval / train_time_since_eval if train_time_since_eval else 0.0
         if master:
             row = dict(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"], lr=lr,
@@ -368,12 +421,6 @@ while True:
         tokens_since_eval, train_time_since_eval = 0, 0.0
         reported = (time.time(), iter_num)
     if iter_num >= max_iters:
-        break
-    if stop_signal:
-        read_losses()  # the signal may have come after this iteration's report: never save a diverged model
-        if master:
-            save_checkpoint()
-            bar.write(f"{stop_signal.name}: saved {ckpt_path} at iteration {iter_num}; continue with --init_from=resume")
         break
     for micro_step in range(gradient_accumulation_steps):
         if ddp:  # sync gradients only at the last micro-step
@@ -404,5 +451,3 @@ while True:
 bar.close()
 if ddp:
     torch.distributed.destroy_process_group()
-if stop_signal and iter_num < max_iters:
-    sys.exit(128 + stop_signal)

@@ -2187,7 +2187,11 @@ def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
     record = json.loads((tmp_path / "r2" / "run.json").read_text())  # both calls' time, and the run's arguments
     assert [os.path.basename(call["command"].split()[1]) for call in record["calls"]] == ["compare.py", "compare.py"]
     assert record["runs"] == {"ihc-s3": json.loads((tmp_path / "stopped" / "ihc-s3" / "run.json").read_text())["arguments"]}
-    assert f"({record['calls'][0]['minutes']} min) then " in (tmp_path / "r2" / "results.md").read_text()
+    first = record["calls"][0]  # and the commit each call ran at, with or without changes to tracked files
+    at = f", at {first['commit'][:7]}" + (" with uncommitted changes" if first["uncommitted_changes"] else "")
+    assert first["commit"] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                             text=True).stdout.strip()
+    assert f"({first['minutes']} min{at}) then " in (tmp_path / "r2" / "results.md").read_text()
 
 
 

@@ -58,7 +58,7 @@ import torch
 from tqdm import tqdm
 
 from configurator import check_ranges, configure, fail
-from plot import draw, has, read_metrics
+from plot import draw, read_metrics
 from residuals import TOPOLOGIES
 from stats import mean_std, paired, paired_cell
 
@@ -87,90 +87,63 @@ class Run(NamedTuple):
         return f"{self.label}-s{self.seed}"
 
 
-def each(*names):
-    """One variant per topology, labelled with its name."""
+def topologies(*names):
+    """One variant per topology (or study variant), labelled with its name."""
     return {name: [f"--residual={name}"] for name in names}
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NORM_GATED = ["--residual=norm_gated_ihc"]
-CLIP = ["--gate=clip"]  # the gate the study started from, named so that a change of default cannot change it
-AT_ONE = ["--gate_init=1"]  # the init these runs had before the default moved inside the clip
-DEEP = ["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4"]  # the depth studies' model
-DEPTH = DEEP + ["--max_iters=1000"]
-HC, IHC = ["--residual=hc"], ["--residual=ihc"]
-DEEP_SWEEP = ["--device=cpu", "--n_embd=64", "--n_head=4", "--max_iters=1000"]  # and the depth
-SWEEP = {**each("residual", "hc", "mhc", "ihc"), "norm_gated_ihc": NORM_GATED}
-# Labels name run directories and files: letters, digits, _ and . only.
+DEPTH_MODEL = ["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4"]  # the depth studies' model, 12 x 64
+DEPTH_STUDY = DEPTH_MODEL + ["--max_iters=1000"]
+SWEEP_MODEL = ["--device=cpu", "--n_embd=64", "--n_head=4", "--max_iters=1000"]  # then --n_layer, the depth
+SWEEP = topologies("residual", "hc", "mhc", "ihc", "norm_gated_ihc")
+# Labels name run directories and files: letters, digits, _ and . only. A study's label is the variant's name
+# (variants.py) where it can be; the gates study compares gate options against the clip gate, its baseline
+# there, so its labels name what each changes from norm_gated_ihc.clip.
 PRESETS = dict(
-    cpu=Preset(["--device=cpu"], each(*TOPOLOGIES)),
-    gpu=Preset([os.path.join(HERE, "config", "train_shakespeare_char.py"), "--device=cuda"], each(*TOPOLOGIES)),
+    cpu=Preset(["--device=cpu"], topologies(*TOPOLOGIES)),
+    gpu=Preset([os.path.join(HERE, "config", "train_shakespeare_char.py"), "--device=cuda"], topologies(*TOPOLOGIES)),
     # norm_gated_ihc's gate options beside the topologies they sit between; train.py's CPU model
     gates=Preset(["--device=cpu"], baselines=("residual", "ihc", "norm_gated_ihc"), variants={
-        **each("residual", "ihc"),
-        "gated_ihc": ["--residual=gated_ihc"] + CLIP,  # norm_gated_ihc with c_max = 1: no amplification
-        "norm_gated_ihc": NORM_GATED + CLIP,
-        "norm_gated_ihc.hard_sigmoid": NORM_GATED + ["--gate=hard_sigmoid"] + AT_ONE,  # clip's forward, true gradient
-        "norm_gated_ihc.stretched_sigmoid": NORM_GATED + ["--gate=stretched_sigmoid"] + AT_ONE,
-        "norm_gated_ihc.binary": NORM_GATED + ["--gate=binary"],
-        "norm_gated_ihc.hard_concrete": NORM_GATED + ["--gate=hard_concrete"] + AT_ONE,
-        "norm_gated_ihc.init0.9": NORM_GATED + CLIP + ["--gate_init=0.9"],  # inside the clip, not on its edge
-        "norm_gated_ihc.static": NORM_GATED + CLIP + ["--alpha_init=0"],  # static coefficients: no dynamic part
-        "norm_gated_ihc.deviations": NORM_GATED + CLIP + ["--gate_deviations=True"],
+        **topologies("residual", "ihc"),
+        "gated_ihc": ["--residual=gated_ihc.clip"],  # norm_gated_ihc with c_max = 1: no amplification
+        "norm_gated_ihc": ["--residual=norm_gated_ihc.clip"],
+        **topologies("norm_gated_ihc.hard_sigmoid"),  # the clip's forward, its true gradient
+        "norm_gated_ihc.stretched_sigmoid": ["--residual=norm_gated_ihc.init1"],  # norm_gated_ihc's gate, from 1
+        **topologies("norm_gated_ihc.binary", "norm_gated_ihc.hard_concrete"),
+        "norm_gated_ihc.init0.9": ["--residual=norm_gated_ihc.clip_init0.9"],  # inside the clip, not on its edge
+        "norm_gated_ihc.static": ["--residual=norm_gated_ihc.clip", "--alpha_init=0"],  # no dynamic part
+        "norm_gated_ihc.deviations": ["--residual=norm_gated_ihc.clip_deviations"],
     }),
     # three times the CPU model's depth at half its width (12 x 64, about as many weights as 4 x 128),
-    # half its iterations; the gated topologies with the default gate (stretched_sigmoid, starting at 0.9
-    # inside its clip), and with clip
-    depth=Preset(DEPTH, {
-        **each("residual", "hc", "mhc", "mhc_lite", "ihc"),
-        "mean_gated_ihc": ["--residual=mean_gated_ihc", "--gate=stretched_sigmoid"],
-        "norm_gated_ihc": NORM_GATED + ["--gate=stretched_sigmoid"],
-        "norm_gated_ihc.clip": NORM_GATED + CLIP,
-    }),
+    # half its iterations; norm_gated_ihc with its own gate and with the clip gate
+    depth=Preset(DEPTH_STUDY, topologies("residual", "hc", "mhc", "mhc_lite", "ihc", "mean_gated_ihc", "norm_gated_ihc",
+                                         "norm_gated_ihc.clip")),
     # why hc wins at depth: its mixing taken away part by part, and its read and write given to ihc one
-    # choice at a time (residuals.py; hc.mix_identity is ihc with all three choices at once)
-    hc_ablation=Preset(DEPTH, baselines=("hc", "ihc"), variants={
-        "hc": HC,
-        "hc.mix_static": HC + ["--hc_mix=static"],  # A_r = A_static: the same mixing for every token
-        "hc.mix_diagonal": HC + ["--hc_mix=diagonal"],  # only A_r's diagonal: a per-stream gate, signed, unbounded
-        "hc.mix_identity": HC + ["--hc_mix=identity"],  # no mixing at all: hc's read and write on ihc
-        "hc.bounded": HC + ["--hc_bounded=True"],  # MIX scaled down where it would amplify: composite gain <= 1
-        "hc.mix_diagonal_bounded": HC + ["--hc_mix=diagonal", "--hc_bounded=True"],  # a signed gate in [-1, 1]
-        "ihc": IHC,
-        "ihc.stream": IHC + ["--coefficients_from=stream"],  # each stream's coefficients from its own state
-        "ihc.signed": IHC + ["--read_write=signed"],  # pre, post = bias + a tanh(.): any sign, unbounded
-        "ihc.signed_one_hot": IHC + ["--read_write=signed", "--read_init=one_hot"],  # and hc's one-hot read
-    }),
+    # choice at a time (variants.py; hc.mix_identity is ihc with all three choices at once)
+    hc_ablation=Preset(DEPTH_STUDY, baselines=("hc", "ihc"), variants=topologies(
+        "hc", "hc.mix_static", "hc.mix_diagonal", "hc.mix_identity", "hc.bounded", "hc.mix_diagonal_bounded",
+        "ihc", "ihc.stream", "ihc.signed", "ihc.signed_one_hot")),
     # which property of hc's mixing wins: its signs and its gain, two by two, paired against hc and against
     # mhc, whose mixing is both non-negative and bounded (doubly stochastic)
-    hc_sign_gain=Preset(DEPTH, baselines=("hc", "mhc"), variants={
-        "hc": HC,  # signed, may amplify
-        "hc.nonnegative": HC + ["--hc_nonnegative=True"],  # A_r >= 0: streams only added, gain free
-        "hc.bounded": HC + ["--hc_bounded=True"],  # signed, no sublayer amplifies
-        "hc.nonnegative_bounded": HC + ["--hc_nonnegative=True", "--hc_bounded=True"],  # row sums <= 1, as mHC's
-        **each("mhc"),
-    }),
+    hc_sign_gain=Preset(DEPTH_STUDY, baselines=("hc", "mhc"), variants=topologies(
+        "hc", "hc.nonnegative", "hc.bounded", "hc.nonnegative_bounded", "mhc")),
     # the depth model trained three times as long: does the ranking hold, does hc's gain grow into instability?
-    depth_long=Preset(DEEP + ["--max_iters=3000"], baselines=("hc", "ihc"), variants={
-        **each("residual", "ihc", "hc"),
-        "hc.mix_diagonal": HC + ["--hc_mix=diagonal"],
-    }),
+    depth_long=Preset(DEPTH_MODEL + ["--max_iters=3000"], baselines=("hc", "ihc"),
+                      variants=topologies("residual", "ihc", "hc", "hc.mix_diagonal")),
     # the depth study's conclusions rechecked with every variant at its own best learning rate (chosen on seed
     # 1336 from the grid, which grows where a best rate lands on its end)
-    depth_tuned=Preset(DEPTH, baselines=("residual", "ihc", "hc"), learning_rates=(2e-3, 4e-3, 8e-3), variants={
-        **each("residual", "hc", "mhc", "ihc"),
-        "norm_gated_ihc": NORM_GATED,
-        "hc.bounded": HC + ["--hc_bounded=True"],
-        "hc.mix_identity": HC + ["--hc_mix=identity"],
-    }),
+    depth_tuned=Preset(DEPTH_STUDY, baselines=("residual", "ihc", "hc"), learning_rates=(2e-3, 4e-3, 8e-3),
+                       variants=topologies("residual", "hc", "mhc", "ihc", "norm_gated_ihc", "hc.bounded",
+                                           "hc.mix_identity")),
     # train.py's CPU model (the quick start's) with every topology at its own best rate
-    cpu_tuned=Preset(["--device=cpu"], each(*TOPOLOGIES), learning_rates=(2e-3, 4e-3, 8e-3)),
+    cpu_tuned=Preset(["--device=cpu"], topologies(*TOPOLOGIES), learning_rates=(2e-3, 4e-3, 8e-3)),
     # the depth sweep (depth_sweep.py draws it across depth): width 64, 1000 iterations, 6 to 48 layers (12 is
     # depth_tuned), each topology at its own best rate for that depth; at 48 layers the budget tunes residual,
     # hc and ihc, and mhc and norm_gated_ihc train at ihc's rate
-    depth6=Preset(DEEP_SWEEP + ["--n_layer=6"], learning_rates=(4e-3, 8e-3, 1.6e-2), variants=SWEEP),
-    depth24=Preset(DEEP_SWEEP + ["--n_layer=24"], learning_rates=(2e-3, 4e-3, 8e-3), variants=SWEEP),
-    depth48=Preset(DEEP_SWEEP + ["--n_layer=48"], learning_rates=(1e-3, 2e-3, 4e-3), variants=SWEEP,
+    depth6=Preset(SWEEP_MODEL + ["--n_layer=6"], learning_rates=(4e-3, 8e-3, 1.6e-2), variants=SWEEP),
+    depth24=Preset(SWEEP_MODEL + ["--n_layer=24"], learning_rates=(2e-3, 4e-3, 8e-3), variants=SWEEP),
+    depth48=Preset(SWEEP_MODEL + ["--n_layer=48"], learning_rates=(1e-3, 2e-3, 4e-3), variants=SWEEP,
                    rates_from={"mhc": "ihc", "norm_gated_ihc": "ihc"}),
 )
 
@@ -499,32 +472,30 @@ def summarize(curves, progress):
     separates the variant's effect from the seed's."""
     rows = {}
     for label, seed_rows in curves.items():
-        finals = [rows_[-1]["val_loss"] for rows_ in seed_rows]
-        speed = [statistics.mean(r["tokens_per_sec"] for r in rows_ if r["iter"] > 0) for rows_ in seed_rows]
+        finals = [run_rows[-1]["val_loss"] for run_rows in seed_rows]
+        speed = [statistics.mean(r["tokens_per_sec"] for r in run_rows if r["iter"] > 0) for run_rows in seed_rows]
         rows[label] = dict(final=mean_std(finals),
-                           best=mean_std([min(r["val_loss"] for r in rows_) for rows_ in seed_rows]),
+                           best=mean_std([min(r["val_loss"] for r in run_rows) for run_rows in seed_rows]),
                            tokens_per_sec=statistics.mean(speed),
-                           gain_forward=max(r["gain_forward"] for rows_ in seed_rows for r in rows_),
-                           gain_backward=max(r["gain_backward"] for rows_ in seed_rows for r in rows_),
-                           minutes=statistics.mean(rows_[-1]["elapsed_s"] for rows_ in seed_rows) / 60)
+                           gain_forward=max(r["gain_forward"] for run_rows in seed_rows for r in run_rows),
+                           gain_backward=max(r["gain_backward"] for run_rows in seed_rows for r in run_rows),
+                           minutes=statistics.mean(run_rows[-1]["elapsed_s"] for run_rows in seed_rows) / 60)
         for base in PRESET.baselines:
             if base in curves:
                 rows[label][f"vs_{base}"] = paired([final - base_rows[-1]["val_loss"]
                                                     for final, base_rows in zip(finals, curves[base])])
-        if has(progress[label], "grad_norm_max"):
-            rows[label]["grad_norm_max"] = statistics.mean(max(r["grad_norm_max"] for r in rows_)
-                                                           for rows_ in progress[label])
+        rows[label]["grad_norm_max"] = statistics.mean(max(r["grad_norm_max"] for r in run_rows)
+                                                       for run_rows in progress[label])
     return rows
 
 
 def table(rows):
     base = rows["residual"]["tokens_per_sec"] if "residual" in rows else None
     baselines = [name for name in PRESET.baselines if name in rows]
-    grad = all("grad_norm_max" in row for row in rows.values())
     columns = ["variant", "final val loss", "best val loss"] + [f"minus {name}'s: mean [95% CI], p, signs"
                                                                 for name in baselines]
     columns += ["tokens/s vs residual" if base else "tokens/s", "max gain fwd / bwd"]
-    columns += (["max grad norm"] if grad else []) + ["min per run"]
+    columns += ["max grad norm", "min per run"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for label, row in rows.items():
         cells = [f"`{label}`"] + [f"{mean:.4f}" + ("" if math.isnan(std) else f" ± {std:.4f}")
@@ -532,7 +503,7 @@ def table(rows):
         cells += [paired_cell(row[f"vs_{name}"]) if label != name else "" for name in baselines]
         cells += [f"{row['tokens_per_sec'] / base:.2f}x" if base else f"{row['tokens_per_sec']:,.0f}"]
         cells += [f"{row['gain_forward']:.3f} / {row['gain_backward']:.3f}"]
-        cells += ([f"{row['grad_norm_max']:.2f}"] if grad else []) + [f"{row['minutes']:.1f}"]
+        cells += [f"{row['grad_norm_max']:.2f}", f"{row['minutes']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -542,7 +513,7 @@ def report():
     chosen = choices(losses)
     runs = comparison_runs(chosen)
     curves, progress = load_metrics(runs)
-    if len({len(rows_) for seed_rows in curves.values() for rows_ in seed_rows}) != 1:
+    if len({len(run_rows) for seed_rows in curves.values() for run_rows in seed_rows}) != 1:
         fail(f"the runs in {metrics_dir} have different numbers of evaluations: train them with the same settings")
     rows = summarize(curves, progress)
     plots = [f"![{title}]({name})" for name, title in draw(curves, progress, results_dir)]
@@ -555,11 +526,13 @@ def report():
             + ", ".join(f"`{label}` (`{shlex.join(PRESET.variants[label] + rate_arguments(chosen.get(label)))}`)"
                         for label in labels) + "."]
     if info:
-        calls = info.get("calls") or [dict(command=info["command"], minutes=info["wall_minutes"])]
-        made = " then ".join(f"`{call['command']}` ({call['minutes']} min{at_commit(call)})" for call in calls)
+        made = " then ".join(f"`{call['command']}` ({call['minutes']} min{at_commit(call)})" for call in info["calls"])
         text[-1] += (f" Made by {made}, {info['jobs']} run(s) at a time on {info['machine']}. tokens/s: over the "
                      f"whole run, with {info['jobs']} run(s) sharing the machine (`python bench.py` times the "
                      f"topologies under equal conditions).")
+        if "respelled" in info:
+            text[-1] += (" The variants' arguments are in today's spelling (respell.py); run.json keeps each run's "
+                         "arguments as it ran, beside them.")
     text += ["", "Loss: mean ± standard deviation over the seeds (final: the last evaluation). A seed fixes the "
              "initialization, the batch order and the evaluation batches, the same for every variant, so the "
              "final loss minus a baseline's at the same seed is the sharper comparison: its mean over the seeds, "
@@ -594,18 +567,17 @@ def at_commit(call):
 
 def study_record(runs):
     """<results_dir>/run.json as train_all wrote it. Its runs must be this report's: a
-    results folder trained with other arguments is an error, never a mislabelled table.
-    (Studies recorded before run.json listed the runs hold only the last call.)"""
+    results folder trained with other arguments is an error, never a mislabelled table."""
     path = os.path.join(results_dir, "run.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
         info = json.load(f)
-    if "runs" in info:
-        differ = [run.name for run in runs if info["runs"].get(run.name) != train_arguments(run)]
-        if differ:
-            fail(f"{path}: {', '.join(differ)} were trained with other arguments than --preset={preset} gives "
-                 f"now; train them again (delete {metrics_dir}) or redraw with the settings they had")
+    spelled = {**info["runs"], **info.get("respelled", {})}  # today's spelling where respell.py wrote one
+    differ = [run.name for run in runs if spelled.get(run.name) != train_arguments(run)]
+    if differ:
+        fail(f"{path}: {', '.join(differ)} were trained with other arguments than --preset={preset} gives "
+             f"now; train them again (delete {metrics_dir}) or redraw with the settings they had")
     return info
 
 

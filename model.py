@@ -20,13 +20,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import residuals
-from residuals import TOPOLOGIES
+from residuals import GatedIHC
+from variants import RESIDUALS
 
 
 @dataclass
 class GPTConfig:
-    """Checkpoints keep these as model_args. Those saved before the gate options
-    existed (no "gate" key) were trained with the clip gate: OLD_CHECKPOINT_GATE."""
+    """nanoGPT's model, and the residual topology; checkpoints keep these as model_args."""
     block_size: int = 1024
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
     n_layer: int = 12
@@ -34,106 +34,51 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # bias in Linears and LayerNorms, as GPT-2
-    residual: str = "residual"  # topology name, a key of residuals.TOPOLOGIES
+    residual: str = "residual"  # a topology (residuals.py) or a study variant (variants.py): a key of RESIDUALS
     n_streams: int = 1  # n, the number of residual streams
     alpha_init: float = 0.01  # initial a_* (mHC) and s (HC) coefficient scales
     sinkhorn_iters: int = 20  # mhc
-    gate_c_max: float = 2.0  # norm_gated_ihc: cap of the norm correction c(g)
-    gate_anchor: bool = False  # gated_ihc, norm_gated_ihc: keep stream 0's gate at 1
-    gate: str = "stretched_sigmoid"  # gated topologies: how logits become gates, a key of residuals.GATES
-    gate_init: float = 0.0  # gated topologies: every gate's value at step 0, in (0, 1]; 0: the gate's own init
-    gate_deviations: bool = False  # gated_ihc, norm_gated_ihc: gate only the deviations from the stream mean
-    # hc's choices, one at a time (residuals.py; the ablation in results/README.md)
-    hc_mix: str = "dynamic"  # hc: what mixes the streams, one of HC_MIXES
-    hc_bounded: bool = False  # hc: MIX scaled down per token to a largest absolute row sum of at most 1
-    hc_nonnegative: bool = False  # hc: A_r's entries clamped at 0: streams are added, never subtracted
-    coefficients_from: str = "state"  # mhc, mhc_lite, the iHC family: state (mHC) or stream (each stream's own, hc)
-    read_write: str = "bounded"  # mhc, mhc_lite, the iHC family: bounded (sigmoid, mHC) or signed (bias + a tanh, hc)
-    read_init: str = "spread"  # mhc, mhc_lite, the iHC family: spread (0.73 on one stream) or one_hot (hc; needs signed)
-    kernels: str = "fused"  # implementation of the stream ops: reference, fused or triton (see stream_ops)
+    kernels: str = "fused"  # implementation of the stream ops: one of KERNELS (see stream_ops)
 
 
-HC_MIXES = ("dynamic", "static", "diagonal", "identity")
-STREAM_CHOICES = dict(coefficients_from=("state", "stream"), read_write=("bounded", "signed"),
-                      read_init=("spread", "one_hot"))
-OLD_CHECKPOINT_GATE = dict(gate="clip")  # under model_args when a checkpoint has no "gate"
+KERNELS = ("reference", "fused", "triton")
 
 
 def load_checkpoint(path):
-    """train.py's checkpoint at path, its model_args completed for checkpoints older
-    than the gate options. Any damage (truncated, corrupted, not ours) is a ValueError
-    with a one-line message naming the file."""
+    """train.py's checkpoint at path. Any damage (truncated, corrupted, not ours) is a
+    ValueError with a one-line message naming the file."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        checkpoint["model_args"] = {**OLD_CHECKPOINT_GATE, **checkpoint["model_args"]}
-        return checkpoint
     except Exception as e:
         raise ValueError(f"cannot load checkpoint {path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
                          f"it is truncated, corrupted or not from this train.py") from e
+    unknown = set(checkpoint.get("model_args", {})) - set(GPTConfig.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"checkpoint {path} names settings this model does not have ({', '.join(sorted(unknown))}); "
+                         f"it was made by an older train.py, before the study variants became names (variants.py)")
+    return checkpoint
 
 
 def check_config(config):
-    """Raise ValueError with a one-line message for a config the model cannot build."""
-    if config.residual not in TOPOLOGIES:
-        raise ValueError(f"unknown residual '{config.residual}'; choose one of: {', '.join(TOPOLOGIES)}")
-    lo, hi = TOPOLOGIES[config.residual].n_streams_allowed
+    """Raise ValueError with a one-line message for a config the model cannot build.
+    A setting the topology does not read (alpha_init for residual, sinkhorn_iters
+    but for mhc) is an error when set, never silently ignored."""
+    if config.residual not in RESIDUALS:
+        raise ValueError(f"unknown residual '{config.residual}'; choose one of: {', '.join(RESIDUALS)}")
+    Topology = RESIDUALS[config.residual]
+    lo, hi = Topology.n_streams_allowed
     if not lo <= config.n_streams <= hi:
         allowed = f"exactly {lo}" if lo == hi else f"from {lo} to {hi}"
         raise ValueError(f"residual '{config.residual}' needs n_streams {allowed}, got {config.n_streams}")
+    unused = [key for key in ("alpha_init", "sinkhorn_iters")
+              if getattr(config, key) != getattr(GPTConfig, key) and key not in Topology.settings]
+    if unused:
+        raise ValueError(f"{', '.join(unused)}: '{config.residual}' does not use it; it applies to "
+                         + ", ".join(name for name, T in RESIDUALS.items() if unused[0] in T.settings))
     if config.n_embd % config.n_head:
         raise ValueError(f"n_embd ({config.n_embd}) must be a multiple of n_head ({config.n_head})")
     if config.kernels not in KERNELS:
         raise ValueError(f"unknown kernels '{config.kernels}'; choose one of: {', '.join(KERNELS)}")
-    check_gate_config(config)
-    check_hc_choices(config)
-
-
-def check_gate_config(config):
-    """The gate settings: each one only where it means something, never ignored."""
-    if config.gate not in residuals.GATES:
-        raise ValueError(f"unknown gate '{config.gate}'; choose one of: {', '.join(residuals.GATES)}")
-    if not (0 < config.gate_init <= 1 or config.gate_init == 0):
-        raise ValueError(f"gate_init must be in (0, 1], or 0 for the gate's own init, got {config.gate_init}")
-    if config.gate == "binary" and config.gate_init not in (0, 1):
-        raise ValueError(f"the binary gate is 0 or 1: gate_init must be 1, got {config.gate_init}")
-    topology = TOPOLOGIES[config.residual]
-    changed = [key for key in ("gate", "gate_init", "gate_anchor", "gate_deviations")
-               if getattr(config, key) != getattr(GPTConfig, key)]  # set away from its default
-    if changed and not issubclass(topology, residuals.GatedIHC):
-        raise ValueError(f"{', '.join(changed)}: gate settings apply to gated_ihc, norm_gated_ihc and "
-                         f"mean_gated_ihc only, not to '{config.residual}'")
-    mean_only = [key for key in ("gate_anchor", "gate_deviations") if key in changed]
-    if mean_only and issubclass(topology, residuals.MeanGatedIHC):
-        raise ValueError(f"{', '.join(mean_only)}: mean_gated_ihc has one gate for all streams and gates only "
-                         f"the deviations already; use gated_ihc or norm_gated_ihc")
-
-
-def check_hc_choices(config):
-    """hc_mix on hc only; hc's read and write choices on the mHC skeleton only; each
-    a known value, and never one that would be ignored."""
-    topology = TOPOLOGIES[config.residual]
-    if config.hc_mix not in HC_MIXES:
-        raise ValueError(f"unknown hc_mix '{config.hc_mix}'; choose one of: {', '.join(HC_MIXES)}")
-    for key in ("hc_mix", "hc_bounded", "hc_nonnegative"):
-        if getattr(config, key) != getattr(GPTConfig, key) and topology is not residuals.HyperConnection:
-            raise ValueError(f"{key} applies to hc only, not to '{config.residual}'")
-    for key in ("hc_bounded", "hc_nonnegative"):
-        if getattr(config, key) and config.hc_mix == "identity":
-            raise ValueError(f"{key} changes hc's mixing; with hc_mix=identity there is none")
-    for key, allowed in STREAM_CHOICES.items():
-        value = getattr(config, key)
-        if value not in allowed:
-            raise ValueError(f"unknown {key} '{value}'; choose one of: {', '.join(allowed)}")
-        if value != getattr(GPTConfig, key) and not issubclass(topology, residuals.DynamicStreams):
-            raise ValueError(f"{key} applies to mhc, mhc_lite and the iHC family only, not to '{config.residual}'")
-    if config.read_init == "one_hot" and config.read_write != "signed":
-        raise ValueError("read_init=one_hot needs read_write=signed: a sigmoid never reaches 0 or 1")
-    if config.coefficients_from == "stream" and issubclass(topology, residuals.MeanGatedIHC):
-        raise ValueError("coefficients_from=stream gives each stream its own MIX logits; mean_gated_ihc has one "
-                         "gate for all streams")
-
-
-KERNELS = ("reference", "fused", "triton")
 
 
 def stream_ops(name):
@@ -191,7 +136,7 @@ class Block(nn.Module):
 
     def __init__(self, config, layer, ops):
         super().__init__()
-        Topology = TOPOLOGIES[config.residual]
+        Topology = RESIDUALS[config.residual]
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -271,7 +216,7 @@ class GPT(nn.Module):
         an invertible P with equal singular values, 1 after a collapse to rank 1.
         Gated topologies also report, per sublayer, the mean gate, the fraction of
         gates below 0.01 (resets) and the fraction of gate logits the gate's clip
-        holds (GatedIHC.gate_held: their updates do not change the forward pass).
+        holds (GatedIHC.logits_clipped: their updates do not change the forward pass).
         """
         h = self.embed(idx)
         n = h.size(2)
@@ -283,12 +228,12 @@ class GPT(nn.Module):
                 mix = topology.mix_matrix(h)
                 if mix is not None:
                     product = mix.float() @ product
-                if isinstance(topology, residuals.GatedIHC):
+                if isinstance(topology, GatedIHC):
                     logits = topology.coefficients(h)[2]  # (B,T,K)
                     g = topology.gate(logits)  # (B,T,n), or (B,T,1) for mean_gated_ihc
                     gate_mean.append(g.mean().item())
                     gate_resets.append((g < 0.01).float().mean().item())
-                    gate_clipped.append(topology.gate_held(logits).float().mean().item())
+                    gate_clipped.append(topology.logits_clipped(logits).float().mean().item())
                 h = topology(h, sublayer)
         singular = torch.linalg.svdvals(product)  # (B,T,n)
         total = singular.sum(-1, keepdim=True)

@@ -38,14 +38,14 @@ def read_metrics(path):
     return [row for row in rows if "val_loss" in row], [row for row in rows if "grad_norm" in row]
 
 
-def has(seed_rows, key):
-    """Whether every seed's rows have the key: older runs lack the newer metrics."""
-    return all(rows_ and key in rows_[-1] for rows_ in seed_rows)
+def every_run_has(seed_rows, key):
+    """Whether every seed's rows have the key (the gate metrics: gated variants only)."""
+    return all(run_rows and key in run_rows[-1] for run_rows in seed_rows)
 
 
 def mean_curve(seed_rows, key):
     """(iterations, mean, min, max) of one metric over seeds, at the iterations every seed has."""
-    by_iter = [{r["iter"]: r[key] for r in rows_} for rows_ in seed_rows]
+    by_iter = [{r["iter"]: r[key] for r in run_rows} for run_rows in seed_rows]
     iters = sorted(set.intersection(*map(set, by_iter)))
     values = [[seed[i] for seed in by_iter] for i in iters]  # per iteration: one value per seed
     return iters, [statistics.mean(v) for v in values], [min(v) for v in values], [max(v) for v in values]
@@ -89,14 +89,14 @@ def plot_lines(curves, colors, path, panels, marker=None):
     """One panel per (key, title, y scale): each variant's mean over seeds against the
     iteration. A variant without the key is left out of the panel; no plot at all,
     and False, when no variant has any of the keys."""
-    if not any(has(seed_rows, key) for seed_rows in curves.values() for key, _, _ in panels):
+    if not any(every_run_has(seed_rows, key) for seed_rows in curves.values() for key, _, _ in panels):
         return False
     n_cols = min(2, len(panels))
     n_rows = -(-len(panels) // n_cols)
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(6 * n_cols, 4.5 * n_rows), squeeze=False)
     for ax, (key, title, scale) in zip(axes.flat, panels):
         for label, seed_rows in curves.items():
-            if has(seed_rows, key):
+            if every_run_has(seed_rows, key):
                 iters, mean, _, _ = mean_curve(seed_rows, key)
                 ax.plot(iters, mean, color=colors[label], label=label, marker=marker)
         ax.set_title(title)
@@ -128,7 +128,7 @@ def plot_gates(curves, colors, path):
     """Per sublayer at the end of training, mean over seeds with the seeds' min to
     max: the gates reset (below 0.01), the mean gate, and the gate logits held in the
     gate's flat region, where an update changes nothing."""
-    gated = {label: seed_rows for label, seed_rows in curves.items() if has(seed_rows, "gate_mean")}
+    gated = {label: seed_rows for label, seed_rows in curves.items() if every_run_has(seed_rows, "gate_mean")}
     if not gated:
         return False
     n_sublayers = max(len(seed_rows[0][-1]["gate_mean"]) for seed_rows in gated.values())  # 2 per layer: attn, MLP
@@ -138,9 +138,9 @@ def plot_gates(curves, colors, path):
     width = 0.8 / len(gated)
     for i, (label, seed_rows) in enumerate(gated.items()):
         for ax, (key, _) in zip(axes, panels):
-            if not has(seed_rows, key):
+            if not every_run_has(seed_rows, key):
                 continue
-            per_sublayer = list(zip(*[rows_[-1][key] for rows_ in seed_rows]))  # per sublayer: one value per seed
+            per_sublayer = list(zip(*[run_rows[-1][key] for run_rows in seed_rows]))  # per sublayer: one value per seed
             mean = [statistics.mean(v) for v in per_sublayer]
             error = [[m - min(v) for m, v in zip(mean, per_sublayer)], [max(v) - m for m, v in zip(mean, per_sublayer)]]
             x = [j + (i - (len(gated) - 1) / 2) * width for j in range(len(mean))]

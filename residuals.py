@@ -14,6 +14,9 @@ state to n streams and wrap every sublayer in four steps:
 The eight topologies differ only in where pre, post and MIX come from. They share
 one interface, `Topology(config, sublayer_index, ops)` with
 `forward(h, sublayer) -> h'`, and one lookup table, TOPOLOGIES, at the end.
+Each is written in its plainest form; the studies' variants of them (hc with
+part of its mixing taken away, other gates, ...) are named entries in
+variants.py, a few lines each on top of these classes.
 
     residual        x + F(x), n = 1                              (He et al. 2015)
     hc              tanh-dynamic unconstrained A_r               arXiv 2409.19606
@@ -78,6 +81,7 @@ class Residual(nn.Module):
     """x + F(x) with one stream: exactly nanoGPT's Block."""
     n_streams_allowed = (1, 1)  # inclusive range
     default_n_streams = 1
+    settings = ()  # the GPTConfig settings it reads besides the model's size (model.check_config)
 
     def __init__(self, config, sublayer_index, ops):
         super().__init__()
@@ -108,7 +112,20 @@ def float32_or_wider(t):
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-class HyperConnection(nn.Module):
+class Streams(nn.Module):
+    """What the n-stream topologies share: how many streams they take, and the MIX
+    matrix a subclass's `coefficients(h)` and `mix(res)` make, for diagnostics."""
+    n_streams_allowed = (2, 8)
+    default_n_streams = 4
+    settings = ("alpha_init",)
+
+    def mix_matrix(self, h):
+        """The (B,T,n,n) matrix MIX applies to h, or None for the identity."""
+        mix = self.mix(self.coefficients(h)[2])
+        return torch.diag_embed(mix) if mix is not None and mix.dim() == 3 else mix
+
+
+class HyperConnection(Streams):
     """hc: dynamic Hyper-Connections (arXiv 2409.19606, Eqs. 10-14), unconstrained.
 
     Per stream i, from its own normalized state hn_i (C,):
@@ -119,30 +136,15 @@ class HyperConnection(nn.Module):
     paper's A_r^T H): row i, made from stream i, says where stream i's content goes.
     Init (Eq. 14): W = 0, s = alpha_init, post = 1, pre = e_{k mod n}, A_r = I.
     Nothing bounds A_r: the composite gain of many layers can grow (see tests).
-
-    --hc_mix takes parts of the mixing away, read and write unchanged (the ablation
-    in results/README.md): static (A_r = A_static, no tanh part), diagonal (only
-    A_r's diagonal: a signed, unbounded forget gate per stream), identity (no MIX).
-    --hc_bounded divides MIX, per token, by max(1, its largest absolute row sum):
-    no sublayer amplifies the state, so the composite forward gain stays <= 1, as
-    mHC's does, while the mixing stays signed and dynamic. --hc_nonnegative clamps
-    A_r at 0 (before any bound): no stream is subtracted from another or flipped,
-    while the gain stays free. Each is still the residual network at step 0, where
-    A_r = I.
     """
-    n_streams_allowed = (2, 8)
-    default_n_streams = 4
 
     def __init__(self, config, sublayer_index, ops):
         super().__init__()
         n, C = config.n_streams, config.n_embd
-        self.n, self.ops, self.config = n, ops, config
+        self.n, self.ops = n, ops
         self.proj = nn.Parameter(torch.zeros(C, 2 + n))  # [W_pre | W_post | W_res], weight-decayed
         self.alpha = nn.Parameter(torch.full((3,), config.alpha_init))  # s_pre, s_post, s_res
-        groups = scale_groups(1, 1, n)  # (3, 2+n)
-        if config.hc_mix == "static":
-            groups[2] = 0  # s_res scales nothing: A_r = A_static
-        self.register_buffer("groups", groups, persistent=False)
+        self.register_buffer("groups", scale_groups(1, 1, n), persistent=False)  # (3, 2+n)
         self.pre_static = nn.Parameter(torch.eye(n)[sublayer_index % n])
         self.post_static = nn.Parameter(torch.ones(n))
         self.mix_static = nn.Parameter(torch.eye(n))
@@ -160,29 +162,14 @@ class HyperConnection(nn.Module):
         pre, post, A_r = self.coefficients(h)
         x = self.ops.stream_read(h, pre)  # read
         y = sublayer(x)  # compute
-        return self.ops.stream_write(h, self.mix(A_r), post, y)  # mix (A_r^T h) and write
+        return self.ops.stream_write(h, self.mix(A_r), post, y)  # mix and write
 
     def mix(self, A_r):
-        """MIX in stream_write's forms: A_r^T (B,T,n,n); diagonal: (B,T,n); identity: None."""
-        if self.config.hc_mix == "identity":
-            return None
-        diagonal = self.config.hc_mix == "diagonal"
-        if self.config.hc_nonnegative:
-            A_r = A_r.clamp(min=0)  # a zero entry (A_r = I off the diagonal) still gets its gradient
-        mix = A_r.diagonal(dim1=-2, dim2=-1) if diagonal else A_r.transpose(-1, -2)
-        if self.config.hc_bounded:
-            row_sums = mix.abs() if diagonal else mix.abs().sum(-1)  # (B,T,n)
-            largest = row_sums.amax(-1, keepdim=True).clamp(min=1.0)  # (B,T,1)
-            mix = mix / (largest if diagonal else largest.unsqueeze(-1))
-        return mix
-
-    def mix_matrix(self, h):
-        """The (B,T,n,n) matrix MIX applies to h (for diagnostics): A_r^T."""
-        mix = self.mix(self.coefficients(h)[2])
-        return torch.diag_embed(mix) if mix is not None and mix.dim() == 3 else mix
+        """MIX = A_r^T, (B,T,n,n)."""
+        return A_r.transpose(-1, -2)
 
 
-def dynamic_coefficients(h, W, alpha, groups, bias, eps=1e-6, per_stream=False, signed=False):
+def dynamic_coefficients(h, W, alpha, groups, bias, eps=1e-6):
     """mHC's coefficients (arXiv 2512.24880, Eqs. 7-9), shared by mhc and every iHC:
 
         z    = (alpha @ groups) * (RMSNorm(flatten(h)) @ W) + bias        (B,T,2n+K)
@@ -190,26 +177,12 @@ def dynamic_coefficients(h, W, alpha, groups, bias, eps=1e-6, per_stream=False, 
 
     alpha (3,) holds the scales a_pre, a_post, a_res; groups (3, 2n+K) marks which
     logits each scales. h (B,T,n,C), W (n*C, 2n+K), bias (2n+K,) -> pre (B,T,n),
-    post (B,T,n), res (B,T,K), all float32 (or float64 for float64 inputs).
-
-    Two of hc's choices, as settings (the ablation in results/README.md):
-    per_stream: stream i's pre_i, post_i and K/n logits from its own normalized state
-    h_i by one shared W (C, 2+K/n), as hc (Eqs. 10-13); signed: hc's pre and post,
-    bias + a tanh(.), of any sign and with no bound on the bias."""
+    post (B,T,n), res (B,T,K), all float32 (or float64 for float64 inputs)."""
     B, T, n, C = h.shape
     with torch.autocast(h.device.type, enabled=False):
-        h = float32_or_wider(h)
-        if per_stream:
-            z = rms_projection(h, W, eps)  # (B,T,n,2+K/n)
-            z = torch.cat([z[..., 0], z[..., 1], z[..., 2:].flatten(-2)], -1)  # (B,T,2n+K): all pre, all post, res
-        else:
-            z = rms_projection(h.reshape(B, T, n * C), W, eps)  # (B,T,2n+K)
-        if signed:
-            z = torch.cat([z[..., :2 * n].tanh(), z[..., 2 * n:]], -1)
+        z = rms_projection(float32_or_wider(h).reshape(B, T, n * C), W, eps)  # (B,T,2n+K)
         z = (alpha @ groups) * z + bias
     pre, post, res = z.split([n, n, z.shape[-1] - 2 * n], -1)
-    if signed:
-        return pre, post, res
     return pre.sigmoid(), 2 * post.sigmoid(), res
 
 
@@ -220,21 +193,21 @@ def dynamic_read(h, W, alpha, groups, bias, eps=1e-6):
     return stream_read(h, pre), post, res
 
 
-def read_weights_init(n, sublayer_index, one_hot=False):
+def read_weights_init(n, sublayer_index):
     """pre at step 0: 0.73 on stream (k mod n), the rest shared evenly, sum 1.
 
     Streams start as equal copies, so equal per-stream coefficients would keep
     them equal forever (a plain residual in disguise). Reading mainly one stream
-    (as HC's Eq. 14 does with e_{k mod n}) breaks the symmetry through the
-    gradients while the step-0 function stays x + F(x) because sum(pre) = 1.
-    one_hot: HC's e_{k mod n} itself, which a sigmoid cannot reach (read_write=signed).
+    (as HC's Eq. 14 does with e_{k mod n}, which a sigmoid cannot reach) breaks the
+    symmetry through the gradients while the step-0 function stays x + F(x)
+    because sum(pre) = 1.
     """
-    pre = torch.full((n,), 0.0 if one_hot else 0.27 / (n - 1))
-    pre[sublayer_index % n] = 1.0 if one_hot else 0.73
+    pre = torch.full((n,), 0.27 / (n - 1))
+    pre[sublayer_index % n] = 0.73
     return pre
 
 
-class DynamicStreams(nn.Module):
+class DynamicStreams(Streams):
     """The shared skeleton of mhc, mhc_lite and the iHC family (dynamic_coefficients).
 
     W = [W_pre | W_post | W_res] is one (n*C, 2n+K) matrix, so one matmul makes
@@ -242,52 +215,28 @@ class DynamicStreams(nn.Module):
     so at step 0 each coefficient is its bias: pre = read_weights_init, post = 1,
     and the MIX logits' bias, which a subclass gives by `mix_bias(n)` (its length
     is K) together with `mix(res)`, the MIX that the logits make.
-
-    hc's read and write, one choice at a time (the ablation in results/README.md):
-    --coefficients_from=stream (per_stream above), --read_write=signed, and
-    --read_init=one_hot. Each keeps step 0 the residual network (sum(pre) = 1,
-    post = 1). The fast paths fuse only mHC's coefficients with the read; with any
-    of these the coefficients are computed here and only the read is fast.
     """
-    n_streams_allowed = (2, 8)
-    default_n_streams = 4
 
     def __init__(self, config, sublayer_index, ops):
         super().__init__()
         n, C = config.n_streams, config.n_embd
         self.n, self.ops, self.config = n, ops, config
         mix_bias = self.mix_bias(n)  # (K,)
-        self.per_stream, self.signed = config.coefficients_from == "stream", config.read_write == "signed"
-        shape = (C, 2 + len(mix_bias) // n) if self.per_stream else (n * C, 2 * n + len(mix_bias))
-        self.proj = nn.Parameter(torch.zeros(shape))  # W, weight-decayed
+        self.proj = nn.Parameter(torch.zeros(n * C, 2 * n + len(mix_bias)))  # W, weight-decayed
         self.alpha = nn.Parameter(torch.full((3,), config.alpha_init))  # a_pre, a_post, a_res
         self.register_buffer("groups", scale_groups(n, n, len(mix_bias)), persistent=False)  # (3, 2n+K)
-        pre = read_weights_init(n, sublayer_index, one_hot=config.read_init == "one_hot")
-        if self.signed:
-            b_pre, b_post = pre, torch.ones(n)  # the coefficients themselves at step 0, as hc's statics
-        else:
-            b_pre = torch.log(pre / (1 - pre))  # sigmoid(b_pre) = pre
-            b_post = torch.zeros(n)  # 2 sigmoid(0) = 1
+        pre = read_weights_init(n, sublayer_index)
+        b_pre, b_post = torch.log(pre / (1 - pre)), torch.zeros(n)  # sigmoid(b_pre) = pre, 2 sigmoid(0) = 1
         self.bias = nn.Parameter(torch.cat([b_pre, b_post, mix_bias]))
 
     def coefficients(self, h):
         """h (B,T,n,C) -> pre (B,T,n), post (B,T,n), res (B,T,K), float32"""
-        return dynamic_coefficients(h, self.proj, self.alpha, self.groups, self.bias,
-                                    per_stream=self.per_stream, signed=self.signed)
+        return dynamic_coefficients(h, self.proj, self.alpha, self.groups, self.bias)
 
     def forward(self, h, sublayer):
-        if self.per_stream or self.signed:
-            pre, post, res = self.coefficients(h)
-            x = self.ops.stream_read(h, pre)  # read
-        else:
-            x, post, res = self.ops.dynamic_read(h, self.proj, self.alpha, self.groups, self.bias)  # read
+        x, post, res = self.ops.dynamic_read(h, self.proj, self.alpha, self.groups, self.bias)  # read
         y = sublayer(x)  # compute
         return self.ops.stream_write(h, self.mix(res), post, y)  # mix and write
-
-    def mix_matrix(self, h):
-        """The (B,T,n,n) matrix MIX applies to h (for diagnostics)."""
-        mix = self.mix(self.coefficients(h)[2])
-        return torch.diag_embed(mix) if mix is not None and mix.dim() == 3 else mix
 
 
 def sinkhorn(logits, iters=20):
@@ -305,6 +254,7 @@ def sinkhorn(logits, iters=20):
 
 class ManifoldHC(DynamicStreams):
     """mhc: H_res = Sinkhorn(a_res x' W_res + b_res), doubly stochastic (K = n*n)."""
+    settings = ("alpha_init", "sinkhorn_iters")
 
     def mix_bias(self, n):
         # Near the identity (H_ii ~ 0.95 at n = 4), as HC starts from A_r = I: a
@@ -351,17 +301,13 @@ class IdentityHC(DynamicStreams):
 # -----------------------------------------------------------------------------
 # Gates (seed 000 s.13). A gated topology turns its MIX logits u into gates
 # g = clip(f(u), 0, 1): the clip lets a gate be exactly 0 (a reset: the stream
-# forgets) and exactly 1 (keep), which a plain sigmoid never reaches. The five
-# options, --gate=..., differ in f and in the gradient they pass back to u. The
-# default is stretched_sigmoid: the straight-through ones (clip, binary) cost
-# 0.04-0.13 in val loss in the gates study (results/README.md), a true gradient nothing.
+# forgets) and exactly 1 (keep), which a plain sigmoid never reaches. Here f is a
+# sigmoid stretched past [0, 1], with its true gradient; the source's other
+# forms (a plain clip, straight-through, binary, hard concrete) are in variants.py.
 #
-# Each option has its own step-0 gate, `init` (--gate_init overrides it). A gate
-# with its true gradient gets none where its clip holds, so one that starts on the
-# clip's edge (g = 1) is frozen by the first update that pushes it past: at 12
-# layers mean_gated_ihc's gate froze at 1 in every sublayer, and the topology
-# trained as ihc. Those gates start at 0.9, inside; the straight-through ones pass
-# the gradient past the edge anyway and start at 1.
+# A true gradient is zero where the clip holds, so a gate that starts on the
+# clip's edge (g = 1) is frozen by the first update that pushes it past: every
+# gate starts inside, at gate_init = 0.9 (results/README.md, the gates study).
 
 
 def stretch(u):
@@ -370,139 +316,62 @@ def stretch(u):
     return 1.2 * torch.sigmoid(u) - 0.1
 
 
-class ClipGate:
-    """clip: g = clip(u, 0, 1) forward; backward as if g = u (straight-through), so a
-    logit pushed past a bound still gets its gradient and can come back."""
-    init = 1.0
+class GatedIHC(DynamicStreams):
+    """gated_ihc: MIX = diag(g), g = clip(stretch(u), 0, 1) in [0, 1]^n from the MIX
+    logits u: a forget gate per stream (seed 000 s.6). At step 0 every g is
+    gate_init, so MIX = 0.9 I: a residual network whose state shrinks by 0.9 at
+    each sublayer, not the plain one (its siblings below are, at any init)."""
+    gate_init = 0.9
+
+    def mix_bias(self, n):
+        return self.gate_logit(torch.full((n,), self.gate_init))
+
+    def gate(self, u):
+        """The gates g (B,T,n) from their logits u."""
+        return stretch(u).clamp(0.0, 1.0)
 
     @staticmethod
-    def value(u, training):
-        return u + (u.clamp(0.0, 1.0) - u).detach()
+    def gate_logit(g):
+        """The u whose gate is g: the init bias."""
+        return torch.logit((g + 0.1) / 1.2)
 
     @staticmethod
     def unclipped(u):
-        """f(u), the gate before its clip: outside [0, 1] the forward pass is held."""
-        return u
+        """f(u), the gate before its clip."""
+        return stretch(u)
 
-    @staticmethod
-    def logit(g):
-        """The u whose gate is g (at evaluation): the init bias."""
-        return g
-
-
-class HardSigmoidGate(ClipGate):
-    """hard_sigmoid: the same forward as clip, with the clip's true gradient: 0 where
-    it holds, so a logit past a bound stops moving (at the bound itself torch's
-    clamp passes the gradient, but past it nothing)."""
-    init = 0.9
-
-    @staticmethod
-    def value(u, training):
-        return u.clamp(0.0, 1.0)
-
-
-class StretchedSigmoidGate:
-    """stretched_sigmoid: g = clip(stretch(u), 0, 1) with its true gradient, which is
-    zero where the clip holds: a gate pushed to exactly 0 or 1 stays there."""
-    init = 0.9
-
-    @staticmethod
-    def value(u, training):
-        return stretch(u).clamp(0.0, 1.0)
-
-    unclipped = staticmethod(stretch)
-
-    @staticmethod
-    def logit(g):
-        return torch.logit((g + 0.1) / 1.2)  # g = 1: u = log 11, on the clip's edge
-
-
-class BinaryGate(ClipGate):
-    """binary: g = 1 if u > 1/2 else 0 forward, backward straight-through (as if
-    g = u): every gate is a hard keep-or-reset decision."""
-
-    @staticmethod
-    def value(u, training):
-        return u + ((u > 0.5).to(u.dtype) - u).detach()
-
-
-class HardConcreteGate(StretchedSigmoidGate):
-    """hard_concrete (Louizos et al. 2018, the l0 gate): in training a noisy gate,
-    g = clip(stretch((u + logit(U)) / beta), 0, 1), U ~ Uniform(0, 1), beta = 2/3, whose
-    samples land at exact 0 and 1 with probabilities set by u; at evaluation the
-    deterministic clip(stretch(u), 0, 1). No l0 penalty: exactness, not sparsity,
-    is the point here. g = 1 at evaluation at step 0; training samples are < 1 about
-    a third of the time there."""
-
-    @staticmethod
-    def value(u, training):
-        if not training:
-            return StretchedSigmoidGate.value(u, training)
-        noise = torch.rand_like(u).clamp(1e-6, 1 - 1e-6)  # U, kept off 0 and 1 where logit is infinite
-        return stretch((u + torch.logit(noise)) / (2 / 3)).clamp(0.0, 1.0)
-
-
-GATES = {"clip": ClipGate, "hard_sigmoid": HardSigmoidGate, "stretched_sigmoid": StretchedSigmoidGate,
-         "binary": BinaryGate, "hard_concrete": HardConcreteGate}
-
-
-class GatedIHC(DynamicStreams):
-    """gated_ihc: MIX = diag(g), g in [0, 1]^n from the MIX logits by --gate: a forget
-    gate per stream (seed 000 s.6). At step 0 every g is the gate's init (0.9 for
-    the default gate), so MIX = 0.9 I: a residual network whose state shrinks by
-    0.9 at each sublayer, not the plain one (its siblings below are, at any init).
-    gate_anchor keeps stream 0 always on. gate_deviations gates only the streams'
-    deviations from their mean: MIX = J + (I - J) diag(g) (I - J), J = ones/n, which
-    keeps the mean, the common mode the LM head reads."""
-
-    def __init__(self, config, sublayer_index, ops):
-        super().__init__(config, sublayer_index, ops)
-        n = config.n_streams
-        J = torch.full((n, n), 1.0 / n)
-        self.register_buffer("J", J, persistent=False)  # constants, made once
-        self.register_buffer("I_minus_J", torch.eye(n) - J, persistent=False)
-
-    def mix_bias(self, n):
-        gate = GATES[self.config.gate]
-        return gate.logit(torch.full((n,), self.config.gate_init or gate.init))  # gate_init 0: the gate's own
-
-    def gate(self, res):
-        g = GATES[self.config.gate].value(res, self.training)  # (B,T,n)
-        if self.config.gate_anchor:
-            g = torch.cat([torch.ones_like(g[..., :1]), g[..., 1:]], -1)
-        return g
-
-    def gate_held(self, res):
+    def logits_clipped(self, u):
         """Where the gate's clip holds its logit: there an update changes nothing."""
-        u = GATES[self.config.gate].unclipped(res)
-        return (u < 0) | (u > 1)
+        f = self.unclipped(u)
+        return (f < 0) | (f > 1)
 
     def mix(self, res):
-        return self.diagonal_mix(self.gate(res))
-
-    def diagonal_mix(self, d):
-        """diag(d) as stream_write's (B,T,n) diagonal form, or with gate_deviations
-        the full J + (I - J) diag(d) (I - J) (B,T,n,n)."""
-        if not self.config.gate_deviations:
-            return d
-        return self.J + (self.I_minus_J * d.unsqueeze(-2)) @ self.I_minus_J  # (I - J) diag(d): columns scaled
+        return self.gate(res)  # diag(g), in stream_write's (B,T,n) form
 
 
 class NormGatedIHC(GatedIHC):
     """norm_gated_ihc: MIX = c(g) diag(g), c(g) = min(c_max, sqrt(n) / (|g| + eps)).
     c keeps the gate's RMS gain at 1 when streams reset, so the surviving ones do
-    not fade layer after layer (seed 000 s.9). Equal gates (g = 1 at step 0, or any
-    gate_init) give c g = 1: step 0 is the residual network."""
+    not fade layer after layer (seed 000 s.9); c_max = 2 bounds the amplification
+    of a nearly all-reset state. Equal gates (as at step 0) give c g = 1: step 0
+    is the residual network."""
+    c_max = 2.0
 
     def mix(self, res):
         g = self.gate(res)
-        c = (math.sqrt(self.n) / (g.norm(dim=-1, keepdim=True) + 1e-6)).clamp(max=self.config.gate_c_max)
-        return self.diagonal_mix(c * g)
+        c = (math.sqrt(self.n) / (g.norm(dim=-1, keepdim=True) + 1e-6)).clamp(max=self.c_max)
+        return c * g
 
 
 class MeanGatedIHC(GatedIHC):
-    """mean_gated_ihc: MIX = J + g (I - J), one scalar g per token.
+    """mean_gated_ihc: MIX = J + g (I - J), J = ones/n, one scalar g per token.
     Keeps the stream mean, scales every zero-sum direction by g (seed 000 s.8)."""
+
+    def __init__(self, config, sublayer_index, ops):
+        super().__init__(config, sublayer_index, ops)
+        J = torch.full((self.n, self.n), 1.0 / self.n)
+        self.register_buffer("J", J, persistent=False)  # constants, made once
+        self.register_buffer("I_minus_J", torch.eye(self.n) - J, persistent=False)
 
     def mix_bias(self, n):
         return super().mix_bias(1)  # one gate logit, for every stream

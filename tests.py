@@ -5,7 +5,8 @@ The quick check, every file without the slow tests:  python -m pytest tests.py -
 Tests check behaviour a user relies on (the step-0 network is the residual one,
 training lowers the loss, a resumed run equals an uninterrupted one, every fast
 op equals the maths it speeds up), not shapes. One section per source file, in
-the README's reading order: residuals.py, model.py, prepare.py and train.py,
+the README's reading order: residuals.py and variants.py, model.py (with every
+spelling the studies used: respell.py), prepare.py and train.py,
 sample.py, theory.py, fused.py and kernels.py (every fast op against
 residuals.py, through model.stream_ops; the Triton kernels run on the CPU in
 Triton's interpreter), compare.py, plot.py, bench.py.
@@ -16,6 +17,8 @@ script a test starts runs under sys.executable, never the python3 on PATH
 (python_on_path_is_not_this_one).
 """
 import contextlib
+import glob
+import hashlib
 import io
 import json
 import math
@@ -47,16 +50,17 @@ except ModuleNotFoundError as e:  # no triton (macOS, Windows): its tests skip, 
     kernels = None
 import configurator
 import residuals
+import respell
 import theory
 from model import GPT, GPTConfig, check_config, stream_ops
 from prepare import DATA_DIR, get_batch, gpt2_tokenizer, prepare_dataset, write_atomically
 from residuals import TOPOLOGIES
 from theory import DT
+from variants import RESIDUALS, VARIANTS
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 needs_triton = pytest.mark.skipif(kernels is None, reason="triton is not installed (it has wheels for Linux only)")
 slow = pytest.mark.slow  # left out of the quick check (pytest.ini)
-TRITON = pytest.param("triton", marks=slow)  # the interpreter: seconds a case
 STREAM_TOPOLOGIES = [name for name in TOPOLOGIES if name != "residual"]
 GATED = ("gated_ihc", "norm_gated_ihc", "mean_gated_ihc")
 # a model small enough to train in seconds on 2 cores
@@ -113,7 +117,7 @@ def metrics(out_dir, kind="val_loss"):
 
 def tiny_config(residual, n_streams=None, **kw):
     """A 2 x 32 GPT over the 65 characters; kw sets or overrides any GPTConfig field."""
-    n = n_streams or TOPOLOGIES[residual].default_n_streams
+    n = n_streams or RESIDUALS[residual].default_n_streams
     return GPTConfig(**{**dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=False,
                                residual=residual, n_streams=n), **kw})
 
@@ -243,18 +247,36 @@ def check_against_reference(impl, op, inputs, tol, constants={}, used=None, expa
     return outs
 
 
-# the fast implementations, each in the dtype it is checked in, and the relative RMS
-# error allowed: fused in float64 (the same maths, rounding-level), Triton in float32
-# and bf16 (kernels load in the tensor's dtype and compute in float32)
-FAST = pytest.mark.parametrize("impl, dtype, tol", [
-    pytest.param("fused", torch.float64, 1e-10, id="fused"),
-    pytest.param("triton", torch.float32, 1e-5, id="triton", marks=slow),
-    pytest.param("triton", torch.bfloat16, 1e-2, id="triton-bf16", marks=slow)])
-IMPLS = pytest.mark.parametrize("impl", ["fused", TRITON])
+# The one table of the fast implementations: each case's dtype and the relative RMS
+# error allowed against the float64 reference. fused in float64 is the same maths,
+# rounding-level; in float32, float32's rounding. Triton loads in the tensor's dtype
+# and computes in float32; in bf16 each output is rounded once to 8 bits.
+CASES = {  # id: (impl, dtype, tol)
+    "fused": ("fused", torch.float64, 1e-10),
+    "fused-float32": ("fused", torch.float32, 1e-5),
+    "triton": ("triton", torch.float32, 1e-5),
+    "triton-bf16": ("triton", torch.bfloat16, 1e-2),
+}
+
+
+def cases(*ids):
+    """Parametrize impl, dtype, tol over these CASES (the Triton ones are slow: the interpreter)."""
+    return pytest.mark.parametrize("impl, dtype, tol", [
+        pytest.param(*CASES[i], id=i, marks=slow if CASES[i][0] == "triton" else ()) for i in ids])
+
+
+def impls(*names):
+    """Parametrize impl alone, for tests with tolerances of their own."""
+    return pytest.mark.parametrize("impl", [pytest.param(name, marks=slow) if name == "triton" else name
+                                            for name in names])
+
+
+FAST = cases("fused", "triton", "triton-bf16")
+IMPLS = impls("fused", "triton")
 
 
 # =============================================================================
-# residuals.py: the maths
+# residuals.py and variants.py: the maths, and each study variant's change
 # =============================================================================
 
 def test_reference_ops_are_the_equations():
@@ -305,85 +327,79 @@ def test_coefficients_follow_the_papers_equations(name):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} {what}: {m}")
 
 
-# hc's choices, each on its own (the ablation of results/README.md): hc's mixing taken
-# apart, and hc's read and write given to the mHC skeleton one choice at a time.
-HC_CHOICES = [("hc", dict(hc_mix=mix)) for mix in ("static", "diagonal", "identity")] + [
-    ("hc", dict(hc_bounded=True)), ("hc", dict(hc_mix="diagonal", hc_bounded=True)),
-    ("hc", dict(hc_nonnegative=True)), ("hc", dict(hc_nonnegative=True, hc_bounded=True))] + [
-    ("ihc", dict(coefficients_from="stream")), ("ihc", dict(read_write="signed")),
-    ("ihc", dict(read_write="signed", read_init="one_hot")), ("mhc", dict(coefficients_from="stream")),
-    ("norm_gated_ihc", dict(coefficients_from="stream", read_write="signed", read_init="one_hot"))]
-HC_CHOICE_IDS = [f"{name}-" + "-".join(v if isinstance(v, str) else k for k, v in settings.items())
-                 for name, settings in HC_CHOICES]
+# Each study variant's change, written out here from its docstring in variants.py:
+# hc's MIX (what A_r becomes, then which part of it mixes, then a bound), or ihc's
+# coefficients (from each stream's own state; signed, bias + a tanh).
+WRITTEN_OUT = {
+    "hc": dict(), "hc.mix_static": dict(mix="static"), "hc.mix_diagonal": dict(mix="diagonal"),
+    "hc.mix_identity": dict(mix="identity"), "hc.bounded": dict(bounded=True),
+    "hc.mix_diagonal_bounded": dict(mix="diagonal", bounded=True), "hc.nonnegative": dict(nonnegative=True),
+    "hc.nonnegative_bounded": dict(nonnegative=True, bounded=True),
+    "ihc": dict(), "ihc.stream": dict(per_stream=True), "ihc.signed": dict(signed=True),
+    "ihc.signed_one_hot": dict(signed=True), "mhc": dict(), "norm_gated_ihc": dict(),
+}
 
 
-def written_out_step(topology, settings, h, sublayer):
-    """One sublayer of the topology with these settings, from the equations in
-    residuals.py's docstrings, written out here (HC Eqs. 10-13, mHC Eqs. 7-9)."""
+def written_out_step(topology, choices, h, sublayer):
+    """One sublayer, from the equations in residuals.py's and variants.py's
+    docstrings written out here (HC Eqs. 10-13, mHC Eqs. 7-9)."""
     n, C = h.shape[-2:]
     a_pre, a_post, a_res = topology.alpha
     if isinstance(topology, residuals.HyperConnection):
         z = F.rms_norm(h, (C,), eps=1e-6) @ topology.proj  # (B,T,n,2+n), per stream
         pre = topology.pre_static + a_pre * z[..., 0].tanh()
         post = topology.post_static + a_post * z[..., 1].tanh()
-        mix = settings.get("hc_mix", "dynamic")
+        mix = choices.get("mix", "dynamic")
         A_r = topology.mix_static + (0 if mix == "static" else a_res) * z[..., 2:].tanh()  # (B,T,n,n)
-        if settings.get("hc_nonnegative"):
+        if choices.get("nonnegative"):
             A_r = torch.where(A_r > 0, A_r, 0.0)  # no entry below 0
         M = dict(static=A_r.mT, dynamic=A_r.mT, diagonal=torch.diag_embed(A_r.diagonal(0, -2, -1)),
                  identity=torch.eye(n, dtype=h.dtype).expand_as(A_r))[mix]  # the matrix applied to h
-        if settings.get("hc_bounded"):
+        if choices.get("bounded"):
             M = M / M.abs().sum(-1).amax(-1).clamp(min=1)[..., None, None]  # no row's absolute sum above 1
         mixed = M @ h  # (B,T,n,n) @ (B,T,n,C)
     else:
         b = topology.bias
-        if settings.get("coefficients_from") == "stream":
+        if choices.get("per_stream"):
             z = F.rms_norm(h, (C,), eps=1e-6) @ topology.proj  # (B,T,n,2+K/n): stream i's from h_i
             z_pre, z_post, z_res = z[..., 0], z[..., 1], z[..., 2:].flatten(-2)
         else:
             z = F.rms_norm(h.flatten(-2), (n * C,), eps=1e-6) @ topology.proj  # (B,T,2n+K)
             z_pre, z_post, z_res = z[..., :n], z[..., n:2 * n], z[..., 2 * n:]
-        if settings.get("read_write") == "signed":
+        if choices.get("signed"):
             pre, post = b[:n] + a_pre * z_pre.tanh(), b[n:2 * n] + a_post * z_post.tanh()
         else:
             pre, post = (a_pre * z_pre + b[:n]).sigmoid(), 2 * (a_post * z_post + b[n:2 * n]).sigmoid()
-        mix = topology.mix(a_res * z_res + b[2 * n:])  # the topology's MIX of its logits (tested elsewhere)
+        mix = topology.mix(a_res * z_res + b[2 * n:])  # the topology's MIX of its logits (tested below)
         mixed = residuals.stream_write(h, mix, torch.zeros_like(post), torch.zeros_like(h[..., 0, :]))
     y = sublayer((pre.unsqueeze(-1) * h).sum(-2))  # (B,T,C)
     return mixed + post.unsqueeze(-1) * y.unsqueeze(-2)
 
 
+def standalone(name, n=4, width=8, sublayer_index=1, ops=residuals, **config):
+    """One topology or variant on its own, float64, its GPTConfig otherwise the defaults."""
+    config = GPTConfig(n_embd=width, n_head=2, residual=name, n_streams=n, **config)
+    return RESIDUALS[name](config, sublayer_index, ops).double()
+
+
 @pytest.mark.parametrize("ops", ["reference", "fused"])
-@pytest.mark.parametrize("name, settings", HC_CHOICES, ids=HC_CHOICE_IDS)
-def test_hc_choices_follow_their_equations(name, settings, ops):
+@pytest.mark.parametrize("name", list(WRITTEN_OUT))
+def test_hc_and_ihc_variants_follow_their_equations(name, ops):
     """With every weight random (W, the biases and statics, three different scales),
-    the sublayer's output is its equations': a setting that were ignored would give
-    hc's or mHC's default, which these weights make differ."""
+    the sublayer's output is its equations': a variant whose change were ignored
+    would give its topology's, which these weights make differ."""
     torch.manual_seed(0)
-    n, width = 4, 8
-    config = GPTConfig(n_embd=width, n_head=2, residual=name, n_streams=n, gate_c_max=10.0, **settings)
-    topology = TOPOLOGIES[name](config, 1, stream_ops(ops)).double()
+    topology = standalone(name, ops=stream_ops(ops))
     with torch.no_grad():
         for p in topology.parameters():
             p.add_(torch.randn_like(p))
         topology.alpha.copy_(torch.tensor([0.5, 2.0, -3.0]))
-    h = torch.randn(2, 3, n, width, dtype=torch.float64)
-    M = torch.randn(width, width, dtype=torch.float64)
+    h = torch.randn(2, 3, 4, 8, dtype=torch.float64)
+    M = torch.randn(8, 8, dtype=torch.float64)
     sublayer = lambda x: torch.tanh(x @ M)  # noqa: E731
     with torch.no_grad():
-        torch.testing.assert_close(topology(h, sublayer), written_out_step(topology, settings, h, sublayer),
+        torch.testing.assert_close(topology(h, sublayer), written_out_step(topology, WRITTEN_OUT[name], h, sublayer),
                                    rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize("name, settings", HC_CHOICES, ids=HC_CHOICE_IDS)
-def test_hc_choices_start_as_the_residual_network(name, settings):
-    torch.manual_seed(0)
-    reference = GPT(tiny_config("residual"))
-    model = with_weights_of(reference, tiny_config(name, n_streams=4, **settings))
-    idx = torch.randint(0, 65, (3, 16))
-    with torch.no_grad():
-        err = (model(idx, idx)[0] - reference(idx, idx)[0]).abs().max().item()
-    assert err < 1e-5, f"{name} {settings} at step 0 differs from the residual network by {err}"
 
 
 def test_hc_nonnegative_passes_every_gradient_at_step_0():
@@ -391,90 +407,49 @@ def test_hc_nonnegative_passes_every_gradient_at_step_0():
     The clamp must pass their gradient there (a relu would not, and the mixing would
     never leave the diagonal): every gradient equals unclamped hc's."""
     grads = []
-    for nonnegative in (False, True):
+    for name in ("hc", "hc.nonnegative"):
         torch.manual_seed(0)
-        model = GPT(tiny_config("hc", n_streams=4, hc_nonnegative=nonnegative))
+        model = GPT(tiny_config(name))
         idx = torch.randint(0, 65, (3, 16))
         model(idx, idx)[1].backward()
-        grads.append({name: p.grad for name, p in model.named_parameters() if p.grad is not None})
+        grads.append({pname: p.grad for pname, p in model.named_parameters() if p.grad is not None})
     off_diagonal = ~torch.eye(4, dtype=torch.bool)
     assert grads[0]["transformer.h.0.attn_topology.mix_static"][off_diagonal].abs().min() > 0  # something to pass
-    for name, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+    for pname, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][pname], grad, rtol=0, atol=0, msg=lambda m: f"{pname}: {m}")
 
 
-def test_hc_without_mixing_is_ihc_with_hcs_three_choices():
-    """hc_mix=identity leaves hc's read and write, which are ihc's with all three of
-    hc's choices (per stream, signed, one-hot): with the same weights, the same function."""
-    torch.manual_seed(0)
-    n, width = 4, 8
-    ihc = TOPOLOGIES["ihc"](GPTConfig(n_embd=width, n_head=2, residual="ihc", n_streams=n, coefficients_from="stream",
-                                      read_write="signed", read_init="one_hot"), 3, residuals).double()
-    hc = TOPOLOGIES["hc"](GPTConfig(n_embd=width, n_head=2, residual="hc", n_streams=n, hc_mix="identity"),
-                          3, residuals).double()
-    with torch.no_grad():
-        for p in ihc.parameters():
-            p.add_(torch.randn_like(p))
-        hc.proj[:, :2].copy_(ihc.proj)  # W_pre, W_post; W_res is unused without mixing
-        hc.alpha.copy_(ihc.alpha)
-        hc.pre_static.copy_(ihc.bias[:n])
-        hc.post_static.copy_(ihc.bias[n:])
-        hc.mix_static.copy_(torch.randn(n, n))  # unused without mixing
-    h = torch.randn(2, 3, n, width, dtype=torch.float64)
-    M = torch.randn(width, width, dtype=torch.float64)
-    with torch.no_grad():
-        torch.testing.assert_close(hc(h, lambda x: torch.tanh(x @ M)), ihc(h, lambda x: torch.tanh(x @ M)))
-
-
-@pytest.mark.parametrize("read_init, expected", [("one_hot", [0.0, 0.0, 1.0, 0.0]), ("spread", [0.09, 0.09, 0.73, 0.09])])
-def test_read_init_one_hot_reads_one_stream_as_hc(read_init, expected):
-    config = GPTConfig(n_embd=8, n_head=2, residual="ihc", n_streams=4, read_write="signed", read_init=read_init)
-    pre = TOPOLOGIES["ihc"](config, 6, residuals).coefficients(torch.randn(2, 3, 4, 8))[0]  # sublayer 6: stream 2
+@pytest.mark.parametrize("name, expected", [("ihc.signed_one_hot", [0.0, 0.0, 1.0, 0.0]),
+                                            ("ihc.signed", [0.09, 0.09, 0.73, 0.09])])
+def test_one_hot_read_reads_one_stream_as_hc(name, expected):
+    pre = standalone(name, sublayer_index=6).float().coefficients(torch.randn(2, 3, 4, 8))[0]  # sublayer 6: stream 2
     torch.testing.assert_close(pre, torch.tensor(expected).expand_as(pre), atol=0, rtol=0)
-
-
-@pytest.mark.parametrize("settings, message", [
-    (dict(residual="ihc", hc_mix="identity"), "hc_mix applies to hc only, not to 'ihc'"),
-    (dict(residual="mhc", hc_bounded=True), "hc_bounded applies to hc only, not to 'mhc'"),
-    (dict(residual="hc", hc_mix="identity", hc_bounded=True), "with hc_mix=identity there is none"),
-    (dict(residual="ihc", hc_nonnegative=True), "hc_nonnegative applies to hc only, not to 'ihc'"),
-    (dict(residual="hc", hc_mix="identity", hc_nonnegative=True), "hc_nonnegative changes hc's mixing"),
-    (dict(residual="hc", hc_mix="none"), "unknown hc_mix 'none'; choose one of: dynamic, static, diagonal, identity"),
-    (dict(residual="hc", read_write="signed"), "read_write applies to mhc, mhc_lite and the iHC family only"),
-    (dict(residual="ihc", read_init="one_hot"), "read_init=one_hot needs read_write=signed"),
-    (dict(residual="ihc", coefficients_from="streams"), "unknown coefficients_from 'streams'; choose one of: state, stream"),
-    (dict(residual="mean_gated_ihc", coefficients_from="stream"), "mean_gated_ihc has one gate for all streams"),
-])
-def test_hc_choices_are_checked(settings, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        check_config(GPTConfig(n_streams=4, **settings))
 
 
 def test_hc_sends_stream_i_where_row_i_of_A_r_says():
     """HC (arXiv 2409.19606, Eq. 3) writes A_r^T H: row i of A_r, computed from
     stream i, distributes stream i's content, out_j = sum_i A_r[i, j] h_i."""
-    n, width = 3, 8
-    topology = TOPOLOGIES["hc"](GPTConfig(n_embd=width, n_head=2, residual="hc", n_streams=n), 0, residuals).double()
+    topology = standalone("hc", n=3, sublayer_index=0)
     A = torch.tensor([[1.0, 0.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)  # stream 1 into 0
     with torch.no_grad():
         topology.mix_static.copy_(A)  # W = 0: A_r is its static part
-    h = torch.randn(2, 5, n, width, dtype=torch.float64)
+    h = torch.randn(2, 5, 3, 8, dtype=torch.float64)
     out = topology(h, lambda x: torch.zeros_like(x))  # y = 0: only the mix
     torch.testing.assert_close(out[:, :, 0], h[:, :, 0] + 2 * h[:, :, 1])
     torch.testing.assert_close(out[:, :, 1:], h[:, :, 1:])
 
 
-def gated(name, n=4, gate="clip", **config):
-    """A gated topology on its own, float64, to feed gate logits to its mix() directly;
-    with the clip gate by default, whose logits in [0, 1] are the gates themselves."""
-    config = GPTConfig(n_embd=8, n_head=2, residual=name, n_streams=n, gate=gate, **config)
-    return TOPOLOGIES[name](config, 0, residuals).double()
+# --- gates: each gate form by the variant that has it -------------------------------
+
+GATE_FORMS = dict(stretched_sigmoid="norm_gated_ihc", clip="norm_gated_ihc.clip",
+                  hard_sigmoid="norm_gated_ihc.hard_sigmoid", binary="norm_gated_ihc.binary",
+                  hard_concrete="norm_gated_ihc.hard_concrete")
 
 
-def gate_and_gradient(gate, u, training=False):
-    """(g, dg/du) elementwise, float64."""
+def gate_and_gradient(form, u, training=False):
+    """(g, dg/du) elementwise, float64, for the gate form's variant."""
     u = torch.tensor(u, dtype=torch.float64, requires_grad=True)
-    g = residuals.GATES[gate].value(u, training)
+    g = standalone(GATE_FORMS[form]).train(training).gate(u)
     g.sum().backward()
     return g.tolist(), u.grad.tolist()
 
@@ -489,25 +464,25 @@ def test_straight_through_gates_reach_exact_0_and_1_and_pass_the_gradient():
     assert gate_and_gradient("binary", u) == ([0.0, 0.0, 0.0, 1.0, 1.0, 1.0], [1.0] * 6)
 
 
-@pytest.mark.parametrize("gate", ["stretched_sigmoid", "hard_concrete"])
-def test_stretched_sigmoid_reaches_exact_0_and_1_with_its_true_gradient(gate):
+@pytest.mark.parametrize("form", ["stretched_sigmoid", "hard_concrete"])
+def test_stretched_sigmoid_reaches_exact_0_and_1_with_its_true_gradient(form):
     """clip(1.2 sigmoid(u) - 0.1, 0, 1) is exactly 0 from u = -log 11 down (sigmoid
     = 1/12) and exactly 1 from u = log 11 up (sigmoid = 11/12); in between its
     gradient is 1.2 sigmoid'(u), outside it is 0 (hard_concrete at evaluation too)."""
     edge = math.log(11)
-    g, grad = gate_and_gradient(gate, [-5.0, -edge - 1e-9, 0.0, 1.0, edge + 1e-9, 5.0])
+    g, grad = gate_and_gradient(form, [-5.0, -edge - 1e-9, 0.0, 1.0, edge + 1e-9, 5.0])
     assert g[0] == g[1] == 0.0 and g[4] == g[5] == 1.0 and abs(g[2] - 0.5) < 1e-15
     s = 1 / (1 + math.exp(-1.0))
     assert abs(g[3] - (1.2 * s - 0.1)) < 1e-15 and abs(grad[3] - 1.2 * s * (1 - s)) < 1e-15
     assert grad[0] == grad[1] == grad[4] == grad[5] == 0.0 and abs(grad[2] - 0.3) < 1e-15
 
 
-@pytest.mark.parametrize("gate", list(residuals.GATES))
-def test_gate_logit_is_the_init_bias_that_gives_the_gate(gate):
-    values = [1.0] if gate == "binary" else [0.05, 0.5, 0.9, 1.0]
-    u = residuals.GATES[gate].logit(torch.tensor(values, dtype=torch.float64))
-    got = residuals.GATES[gate].value(u, training=False)
-    assert torch.allclose(got, torch.tensor(values, dtype=torch.float64), rtol=0, atol=1e-12), (gate, got)
+@pytest.mark.parametrize("form", list(GATE_FORMS))
+def test_gate_logit_is_the_init_bias_that_gives_the_gate(form):
+    topology = standalone(GATE_FORMS[form]).eval()
+    values = torch.tensor([1.0] if form == "binary" else [0.05, 0.5, 0.9, 1.0], dtype=torch.float64)
+    got = topology.gate(topology.gate_logit(values))
+    assert torch.allclose(got, values, rtol=0, atol=1e-12), (form, got)
 
 
 @pytest.mark.parametrize("u", [0.0, 1.0, -1.5])
@@ -518,8 +493,9 @@ def test_hard_concrete_samples_are_exactly_0_or_1_as_often_as_the_paper_says(u):
     (1 - gamma) / (zeta - 1) = 11. Deterministic at evaluation; noisy in training,
     with a gradient through the sample."""
     torch.manual_seed(0)
+    topology = standalone("norm_gated_ihc.hard_concrete").train()
     logits = torch.full((400_000,), u, dtype=torch.float64)
-    g = residuals.GATES["hard_concrete"].value(logits, training=True)
+    g = topology.gate(logits)
     beta = 2 / 3
     p_zero = 1 / (1 + math.exp(-(beta * math.log(0.1 / 1.1) - u)))
     p_one = 1 - 1 / (1 + math.exp(-(beta * math.log(11) - u)))
@@ -528,18 +504,19 @@ def test_hard_concrete_samples_are_exactly_0_or_1_as_often_as_the_paper_says(u):
     assert ((g > 0) & (g < 1)).any()
     for trial in range(2):
         torch.manual_seed(trial)  # the same noise for both evaluations of gradcheck's finite differences
-        assert torch.autograd.gradcheck(lambda v: (torch.manual_seed(trial), residuals.GATES["hard_concrete"].value(
-            v, training=True))[1], torch.full((64,), u, dtype=torch.float64, requires_grad=True))
-    assert residuals.GATES["hard_concrete"].value(logits[:3], training=False).unique().numel() == 1
+        assert torch.autograd.gradcheck(lambda v: (torch.manual_seed(trial), topology.gate(v))[1],
+                                        torch.full((64,), u, dtype=torch.float64, requires_grad=True))
+    assert topology.eval().gate(logits[:3]).unique().numel() == 1
 
 
 @pytest.mark.parametrize("open_gates", [4, 3, 2, 1])
 def test_norm_gate_keeps_the_rms_gain_at_one(open_gates):
     """Seed 000 s.9: with k of n binary gates open, c(g) = sqrt(n / k), so the open
-    streams' squares sum to n (while c stays under gate_c_max); fractional gates get
-    c = sqrt(n) / |g|."""
+    streams' squares sum to n (while c stays under c_max); fractional gates get
+    c = sqrt(n) / |g|. Gates in through the clip gate, whose logits are the gates."""
     n = 4
-    topology = gated("norm_gated_ihc", n, gate_c_max=10.0)
+    topology = standalone("norm_gated_ihc.clip", n)
+    topology.c_max = 10.0
     binary = torch.tensor([1.0] * open_gates + [0.0] * (n - open_gates), dtype=torch.float64).view(1, 1, n)
     close = dict(rtol=1e-5, atol=0)  # c's denominator carries an eps of 1e-6
     torch.testing.assert_close(topology.mix(binary), math.sqrt(n / open_gates) * binary, **close)
@@ -549,27 +526,27 @@ def test_norm_gate_keeps_the_rms_gain_at_one(open_gates):
     torch.testing.assert_close(topology.mix(fractional), math.sqrt(n) / fractional.norm() * fractional, **close)
 
 
-def test_norm_gate_correction_is_capped():
-    n = 4
-    topology = gated("norm_gated_ihc", n, gate_c_max=1.2)
-    g = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64).view(1, 1, n)  # sqrt(n / k) = 1.41 > 1.2
-    torch.testing.assert_close(topology.mix(g), 1.2 * g)
+def test_norm_gate_correction_is_capped_at_2():
+    """c_max = 2: one open gate of four would need sqrt(4 / 1) = 2, two would need 1.41."""
+    topology = standalone("norm_gated_ihc.clip")
+    edge, past = (torch.tensor(g, dtype=torch.float64).view(1, 1, 4) for g in ([1.0, 0, 0, 0], [0.6, 0, 0, 0]))
+    torch.testing.assert_close(topology.mix(edge), 2.0 * edge, rtol=1e-5, atol=0)
+    torch.testing.assert_close(topology.mix(past), 2.0 * past)  # sqrt(4) / 0.6 = 3.3, capped
 
 
-@pytest.mark.parametrize("name", ["gated_ihc", "norm_gated_ihc"])
-def test_gate_anchor_keeps_stream_0_open(name):
+def test_gate_anchor_keeps_stream_0_open():
     logits = torch.tensor([-3.0, 0.25, 0.0, 2.0], dtype=torch.float64).view(1, 1, 4)
-    assert gated(name, gate_anchor=True).gate(logits).view(-1).tolist() == [1.0, 0.25, 0.0, 1.0]
-    assert gated(name, gate_anchor=False).gate(logits).view(-1).tolist() == [0.0, 0.25, 0.0, 1.0]
+    anchored, free = standalone("norm_gated_ihc.anchor").gate(logits), standalone("norm_gated_ihc").gate(logits)
+    assert anchored[..., 0].item() == 1.0 and free[..., 0].item() == 0.0
+    assert anchored[..., 1:].tolist() == free[..., 1:].tolist()
 
 
-@pytest.mark.parametrize("name", ["gated_ihc", "norm_gated_ihc"])
-def test_gating_only_the_deviations_keeps_the_mean(name):
-    """gate_deviations: MIX = J + (I - J) diag(d) (I - J). For any gates the streams'
-    mean is kept and a common-mode state (every stream equal) is left unchanged;
-    equal gates g scale the deviations by g (c g = 1 for norm_gated_ihc)."""
+def test_gating_only_the_deviations_keeps_the_mean():
+    """norm_gated_ihc.clip_deviations: MIX = J + (I - J) D (I - J), D = c(g) diag(g).
+    For any gates the streams' mean is kept and a common-mode state (every stream
+    equal) is left unchanged; equal gates give c g = 1, which keeps the deviations."""
     n = 4
-    topology = gated(name, n, gate_deviations=True, gate_c_max=10.0)
+    topology = standalone("norm_gated_ihc.clip_deviations", n)
     h = torch.randn(2, 3, n, 5, dtype=torch.float64)
     zeros = torch.zeros(2, 3, n, dtype=torch.float64), torch.zeros(2, 3, 5, dtype=torch.float64)
     logits = torch.rand(2, 3, n, dtype=torch.float64) * 1.4 - 0.2  # some gates at 0 or 1 exactly
@@ -579,7 +556,13 @@ def test_gating_only_the_deviations_keeps_the_mean(name):
     common = mean.expand_as(h)
     torch.testing.assert_close(residuals.stream_write(common, topology.mix(logits), *zeros), common)
     equal = residuals.stream_write(h, topology.mix(torch.full((2, 3, n), 0.3, dtype=torch.float64)), *zeros)
-    torch.testing.assert_close(equal - mean, (1.0 if name == "norm_gated_ihc" else 0.3) * (h - mean), rtol=1e-5, atol=0)
+    torch.testing.assert_close(equal, h, rtol=1e-5, atol=0)
+    gates = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64).expand(2, 3, n)  # c = sqrt(2): D = diag(1.41, 1.41, 0, 0)
+    D = torch.diag(math.sqrt(2) * gates[0, 0])
+    J = torch.full((n, n), 1.0 / n, dtype=torch.float64)
+    I_minus_J = torch.eye(n, dtype=torch.float64) - J
+    torch.testing.assert_close(residuals.stream_write(h, topology.mix(gates), *zeros),
+                               (J + I_minus_J @ D @ I_minus_J) @ h, rtol=1e-5, atol=1e-12)
 
 
 @pytest.mark.parametrize("g", [0.0, 0.3, 1.0])
@@ -587,10 +570,11 @@ def test_mean_gate_keeps_the_mean_and_scales_the_differences(g):
     """Seed 000 s.8: MIX = J + g (I - J) leaves the streams' mean alone and scales
     every zero-sum direction by g, a reset of all of them at g = 0."""
     n = 4
-    topology = gated("mean_gated_ihc", n)
+    topology = standalone("mean_gated_ihc", n)
     h = torch.randn(2, 3, n, 5, dtype=torch.float64)
-    out = residuals.stream_write(h, topology.mix(torch.full((2, 3, 1), g, dtype=torch.float64)),
-                                 torch.zeros(2, 3, n, dtype=torch.float64), torch.zeros(2, 3, 5, dtype=torch.float64))
+    logit = topology.gate_logit(torch.full((2, 3, 1), g, dtype=torch.float64))
+    out = residuals.stream_write(h, topology.mix(logit), torch.zeros(2, 3, n, dtype=torch.float64),
+                                 torch.zeros(2, 3, 5, dtype=torch.float64))
     mean = h.mean(2, keepdim=True)
     torch.testing.assert_close(out.mean(2, keepdim=True), mean)
     torch.testing.assert_close(out - out.mean(2, keepdim=True), g * (h - mean))
@@ -617,7 +601,7 @@ def test_mean_gate_cannot_reset_one_difference_and_keep_another():
 
 
 # =============================================================================
-# model.py: the step-0 network, the optimizer, the diagnostics, the switch
+# model.py: the step-0 network, every spelling, the optimizer, the diagnostics, the switch
 # =============================================================================
 
 def with_weights_of(reference, config):
@@ -629,64 +613,140 @@ def with_weights_of(reference, config):
     return model
 
 
-@pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
-def test_init_equals_residual_network(name):
-    """gated_ihc with its gates at 1; at its default gate_init it starts shrunk (below)."""
+# MIX = diag(g) is I only at g = 1; c(g) g and J + g (I - J) at any equal g. The exceptions, as documented:
+# gated_ihc's diag(0.9), and the anchor's c(g) g with g = (1, 0.9, 0.9, 0.9), c = sqrt(4) / |g|.
+ANCHORED = torch.tensor([1.0, 0.9, 0.9, 0.9])
+STEP_0_MIX = {"gated_ihc": torch.full((4,), 0.9), "norm_gated_ihc.anchor": 2 / ANCHORED.norm() * ANCHORED}
+
+
+@pytest.mark.parametrize("name", [name for name in RESIDUALS if name != "residual"])
+def test_every_topology_and_variant_starts_as_the_residual_network(name):
+    """MIX = I at step 0 on the equal step-0 streams, sum(pre) = 1, post = 1: the
+    residual network's function (in evaluation mode, where hard_concrete's gate is
+    deterministic). gated_ihc, as documented, starts as the residual network whose
+    state shrinks by its gate_init at every sublayer: its MIX is 0.9 I on every token;
+    the anchor's open stream 0 makes its gates unequal, so c(g) g is not 1."""
     torch.manual_seed(0)
-    reference = GPT(tiny_config("residual"))
-    model = with_weights_of(reference, tiny_config(name, n_streams=4, **GATES_AT_ONE.get(name, {})))
+    reference = GPT(tiny_config("residual")).eval()
+    model = with_weights_of(reference, tiny_config(name)).eval()
+    if name in STEP_0_MIX:
+        h = torch.randn(2, 16, 4, 32)
+        for block in model.transformer.h:
+            for topology in (block.attn_topology, block.mlp_topology):
+                mix = topology.mix_matrix(h)  # (B,T,n,n)
+                assert torch.allclose(mix, torch.diag(STEP_0_MIX[name]).expand_as(mix), atol=1e-6), mix[0, 0]
+        return
     idx = torch.randint(0, 65, (3, 16))
     with torch.no_grad():
-        expected, _ = reference(idx, idx)  # with targets: logits at every position
-        logits, _ = model(idx, idx)
-    err = (logits - expected).abs().max().item()
+        err = (model(idx, idx)[0] - reference(idx, idx)[0]).abs().max().item()  # with targets: every position
     assert err < 1e-5, f"{name} at step 0 differs from the residual network by {err}"
 
 
-GATES_AT_ONE = dict(gated_ihc=dict(gate_init=1.0))  # diag(g) is I only at g = 1; c(g) g and J + g (I - J) at any g
-GATE_SETTINGS = [(name, dict(gate=gate, **GATES_AT_ONE.get(name, {}))) for name in GATED for gate in residuals.GATES] + [
-    (name, dict(gate_init=0.9)) for name in ("norm_gated_ihc", "mean_gated_ihc")] + [
-    (name, dict(gate_deviations=True, gate_init=init)) for name in ("gated_ihc", "norm_gated_ihc") for init in (1.0, 0.5)]
+# Fingerprints of models made by the old code, where each study variant was spelled as GPTConfig
+# settings of its topology (old_spelling_fixture.py at commit 2448f67, where it can still run).
+OLD_SPELLINGS = json.load(open(os.path.join(ROOT, "tests_old_spelling.json")))
 
 
-@pytest.mark.parametrize("name, settings", GATE_SETTINGS)
-def test_every_gate_option_starts_as_the_residual_network(name, settings):
-    """MIX = I at step 0 (on the equal step-0 streams) for every gate option; in
-    evaluation mode, where hard_concrete's gate is deterministic."""
-    torch.manual_seed(0)
-    reference = GPT(tiny_config("residual")).eval()
-    model = with_weights_of(reference, tiny_config(name, n_streams=4, **settings)).eval()
-    idx = torch.randint(0, 65, (3, 16))
+def fingerprint(model_args):
+    """The parameters at seed 1337 (one sha256 over their names and bytes); then, every
+    parameter moved off its init: the eval-mode logits at the last position, and in
+    training mode (torch seeded, for noisy gates) the loss and its gradient, each
+    parameter's projected on a fixed random direction. As old_spelling_fixture.py."""
+    torch.manual_seed(1337)
+    model = GPT(GPTConfig(**OLD_SPELLINGS["size"], **model_args))
+    digest = hashlib.sha256()
+    for name, p in model.named_parameters():
+        digest.update(name.encode() + p.detach().numpy().tobytes())
+    generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        err = (model(idx, idx)[0] - reference(idx, idx)[0]).abs().max().item()
-    assert err < 1e-5, f"{name} {settings} at step 0 differs from the residual network by {err}"
-
-
-@pytest.mark.parametrize("gate, init", [("stretched_sigmoid", 0.9), ("hard_sigmoid", 0.9), ("hard_concrete", 0.9),
-                                        ("clip", 1.0), ("binary", 1.0)])
-def test_each_gate_starts_at_its_own_init(gate, init):
-    """gate_init 0 (the default) is the gate's own: 0.9, inside the clip, for the
-    true-gradient gates, 1 for the straight-through ones; gated_ihc's MIX at step 0
-    is then init * I on every token, so its state shrinks by init per sublayer."""
+        for _, p in sorted(model.named_parameters()):
+            p.add_(0.3 * torch.randn(p.shape, generator=generator))
+    idx = torch.randint(0, OLD_SPELLINGS["size"]["vocab_size"], (2, OLD_SPELLINGS["size"]["block_size"]),
+                        generator=generator)
+    with torch.no_grad():
+        logits, _ = model.eval()(idx, idx)
     torch.manual_seed(0)
-    model = GPT(tiny_config("gated_ihc", gate=gate)).eval()  # hard_concrete: its deterministic gate
-    h = torch.randn(2, 16, 4, 32)
-    for block in model.transformer.h:
-        for topology in (block.attn_topology, block.mlp_topology):
-            mix = topology.mix_matrix(h)  # (B,T,n,n)
-            assert torch.allclose(mix, init * torch.eye(4).expand_as(mix), atol=1e-6), (gate, mix[0, 0])
+    _, loss = model.train()(idx, idx)
+    loss.backward()
+    gradient = [(p.grad * torch.randn(p.shape, generator=generator)).sum().item()
+                for _, p in sorted(model.named_parameters())]
+    return dict(params=digest.hexdigest(), logits=logits[:, -1].flatten().tolist(), loss=loss.item(),
+                gradient=gradient)
 
 
-@pytest.mark.parametrize("name", GATED)
-def test_default_gates_keep_learning_where_gates_on_the_clip_edge_freeze(name, tmp_path):
-    """Gates that start on the clip's edge (g = 1) with the default, true-gradient
-    gate are frozen by the first update that pushes them past it: at 12 layers,
-    within 20 iterations, most gate logits are held (68-99% here) and the gates
-    stay at 1 (at depth mean_gated_ihc then trains as ihc). The default init,
-    inside the clip, leaves every logit free, and the gates move."""
-    common = [*TINY, "--n_layer=12", "--max_iters=20", "--eval_interval=10", "--eval_iters=2", f"--residual={name}"]
-    train_here(*common, "--gate_init=1", f"--out_dir={tmp_path / 'edge'}")
-    train_here(*common, f"--out_dir={tmp_path / 'default'}")
+def model_args_of(arguments):
+    """GPTConfig's fields from train.py arguments (--key=value), parsed as train.py
+    parses them, with the topology's default n_streams."""
+    fields = {key: text for key, text in (arg[2:].split("=", 1) for arg in arguments)}
+    args = {key: configurator.parse_value(key, text, getattr(GPTConfig, key)) for key, text in fields.items()}
+    return {**args, "n_streams": RESIDUALS[args["residual"]].default_n_streams}
+
+
+@pytest.mark.parametrize("old", list(OLD_SPELLINGS["fingerprints"]))
+def test_old_and_new_spelling_build_the_same_model(old):
+    """What respell.py writes beside each committed run builds the model the run
+    trained: the same parameters, bit for bit, and the same logits, loss and
+    gradients as the old code's for the old spelling."""
+    new = respell.respell(old.split())
+    assert len(new) == 1 + old.count("--alpha_init"), new  # one name, where there were settings
+    got, want = fingerprint(model_args_of(new)), OLD_SPELLINGS["fingerprints"][old]
+    assert got["params"] == want["params"], f"{' '.join(new)}: other parameters at the same seed than {old}"
+    for key in ("logits", "loss", "gradient"):
+        torch.testing.assert_close(torch.tensor(got[key]), torch.tensor(want[key]), rtol=1e-5, atol=1e-6,
+                                   msg=lambda m: f"{' '.join(new)} vs {old}, {key}: {m}")
+
+
+def test_old_spellings_cover_every_committed_run_and_every_variant():
+    """Every run of every committed study is spelled today by respell.py's table (or
+    was never respelled), and every variant has an old spelling fingerprinted, the
+    anchor's included, which no study trained."""
+    respelled = set()
+    for path in glob.glob(os.path.join(ROOT, "results", "*", "run.json")):
+        with open(path) as f:
+            info = json.load(f)
+        for name, arguments in info["runs"].items():
+            today = respell.respell(arguments)
+            assert info.get("respelled", {}).get(name, arguments) == today, f"{path}: {name}; run python respell.py"
+            respelled.update(arg.split("=", 1)[1] for arg in today if arg.startswith("--residual="))
+    fingerprinted = {respell.respell(old.split())[0].split("=", 1)[1] for old in OLD_SPELLINGS["fingerprints"]}
+    assert set(VARIANTS) <= fingerprinted and respelled <= set(RESIDUALS), (set(VARIANTS) - fingerprinted, respelled)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_variant_changes_its_topology(name):
+    """With the same weights moved off init (in training mode, seeded: noisy gates
+    alike), a variant's logits or gradients differ from its topology's, the name
+    before the dot: a variant whose change were ignored would fail here."""
+    topology = name.split(".")[0]
+    args = {key: RESIDUALS[key].default_n_streams for key in (name, topology)}
+    variant, parent = (fingerprint(dict(residual=key, n_streams=n)) for key, n in args.items())
+    differs = [key for key in ("logits", "gradient") if len(variant[key]) != len(parent[key])
+               or (torch.tensor(variant[key]) - torch.tensor(parent[key])).abs().max() > 1e-4]
+    assert differs, f"{name} computes what {topology} does"
+
+
+@pytest.mark.parametrize("config, message", [
+    (dict(residual="hc.mix_none"), "unknown residual 'hc.mix_none'; choose one of: residual, hc, mhc, mhc_lite, ihc, "
+                                   "gated_ihc, norm_gated_ihc, mean_gated_ihc, hc.mix_static, "),
+    (dict(residual="ihc", n_streams=1), "residual 'ihc' needs n_streams from 2 to 8, got 1"),
+    (dict(residual="mhc_lite", n_streams=6), "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
+    (dict(residual="residual", alpha_init=0.1), "alpha_init: 'residual' does not use it; it applies to hc, mhc"),
+    (dict(residual="ihc", n_streams=4, sinkhorn_iters=5), "sinkhorn_iters: 'ihc' does not use it; it applies to mhc"),
+])
+def test_a_setting_the_topology_would_ignore_is_an_error(config, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_config(GPTConfig(**config))
+
+
+def test_default_gates_keep_learning_where_gates_on_the_clip_edge_freeze(tmp_path):
+    """Gates that start on the clip's edge (g = 1, norm_gated_ihc.init1) with the
+    default, true-gradient gate are frozen by the first update that pushes them past
+    it: at 12 layers, within 20 iterations, most gate logits are held and the gates
+    stay at 1. The default init, inside the clip, leaves every logit free, and the
+    gates move."""
+    common = [*TINY, "--n_layer=12", "--max_iters=20", "--eval_interval=10", "--eval_iters=2"]
+    train_here(*common, "--residual=norm_gated_ihc.init1", f"--out_dir={tmp_path / 'edge'}")
+    train_here(*common, "--residual=norm_gated_ihc", f"--out_dir={tmp_path / 'default'}")
     held = lambda row: statistics.mean(row["gate_logits_clipped"])
     edge, default = metrics(tmp_path / "edge")[1:], metrics(tmp_path / "default")
     assert all(held(row) > 0.6 and min(row["gate_mean"]) > 0.995 for row in edge), edge
@@ -748,17 +808,18 @@ def test_optimizer_groups():
     assert "transformer.ln_f.weight" not in decayed
 
 
-@pytest.mark.parametrize("name", list(TOPOLOGIES))
+@pytest.mark.parametrize("name", ["residual", "hc", "mhc", "mhc_lite", "ihc", "gated_ihc.clip", "norm_gated_ihc"])
 def test_composite_gain_is_one_at_init(name):
+    """Where MIX is I at step 0 (gated_ihc and mean_gated_ihc start at g = 0.9: their P shrinks)."""
     torch.manual_seed(0)
-    gates_at_one = dict(gate_init=1.0) if name in GATED else {}  # P = I; at g = 0.9 mean_gated_ihc's P has rank < n
-    report = GPT(tiny_config(name, **gates_at_one)).diagnostics(torch.randint(0, 65, (2, 16)))
+    report = GPT(tiny_config(name)).diagnostics(torch.randint(0, 65, (2, 16)))
     assert abs(report["gain_forward"] - 1) < 1e-5 and abs(report["gain_backward"] - 1) < 1e-5, report
     assert abs(report["gain_mean_direction"] - 1) < 1e-5, report
-    n = TOPOLOGIES[name].default_n_streams  # P = I, except mhc's and mhc_lite's near-identity start
+    n = RESIDUALS[name].default_n_streams  # P = I, except mhc's and mhc_lite's near-identity start
     assert n - 1 < report["effective_rank"] <= n + 1e-4 if name in ("mhc", "mhc_lite") else \
         abs(report["effective_rank"] - n) < 1e-4, report
-    assert ("gate_mean" in report) == ("gate_logits_clipped" in report) == (name in GATED)
+    gated = issubclass(RESIDUALS[name], residuals.GatedIHC)
+    assert ("gate_mean" in report) == ("gate_logits_clipped" in report) == gated
 
 
 def test_composite_gain_of_the_mix_product():
@@ -796,12 +857,12 @@ def test_mean_direction_gain_and_effective_rank_see_decay_and_collapse():
         assert abs(report["effective_rank"] - rank) < 1e-4, report
 
 
-@pytest.mark.parametrize("gate, logits", [("clip", [1.5, -0.2, 1.0, 0.0]), ("stretched_sigmoid", [3.0, -3.0, 2.0, 0.0])])
-def test_gate_logits_outside_the_clip_are_counted(gate, logits):
+@pytest.mark.parametrize("name, logits", [("gated_ihc.clip", [1.5, -0.2, 1.0, 0.0]), ("gated_ihc", [3.0, -3.0, 2.0, 0.0])])
+def test_gate_logits_outside_the_clip_are_counted(name, logits):
     """Held: the gate before its clip is outside [0, 1] (clip: u itself; stretched
     sigmoid: 1.2 sigmoid(u) - 0.1, inside for |u| < log 11 = 2.4)."""
     torch.manual_seed(0)
-    model = GPT(tiny_config("gated_ihc", gate=gate))
+    model = GPT(tiny_config(name))
     with torch.no_grad():  # W = 0 at init: the gate logits are their biases
         model.transformer.h[0].attn_topology.bias[8:].copy_(torch.tensor(logits))
     report = model.diagnostics(torch.randint(0, 65, (2, 16)))
@@ -1000,16 +1061,13 @@ def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stde
 # --- command-line mistakes ------------------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
-    (["--residual=mHC"], "choose one of: " + ", ".join(TOPOLOGIES)),
+    (["--residual=mHC"], "choose one of: " + ", ".join(RESIDUALS)),
+    (["--residual=hc", "--hc_mix=diagonal"], "unknown key 'hc_mix'; valid keys: "),  # a variant is a name: hc.mix_diagonal
+    (["--residual=ihc", "--sinkhorn_iters=5"], "sinkhorn_iters: 'ihc' does not use it; it applies to mhc"),
     (["--max_itters=5"], "unknown key 'max_itters'; valid keys: "),
     (["--max_iters=five"], "--max_iters=five: expected a value of type int"),
     (["--residual=mhc_lite", "--n_streams=6"], "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
     (["--residual=residual", "--n_streams=4"], "residual 'residual' needs n_streams exactly 1, got 4"),
-    (["--residual=gated_ihc", "--gate=sigmoid"], "unknown gate 'sigmoid'; choose one of: " + ", ".join(residuals.GATES)),
-    (["--residual=norm_gated_ihc", "--gate_init=1.5"], "--gate_init=1.5: must be in (0, 1], or 0"),
-    (["--residual=norm_gated_ihc", "--gate=binary", "--gate_init=0.5"], "the binary gate is 0 or 1: gate_init must be 1"),
-    (["--residual=ihc", "--gate=binary"], "gate: gate settings apply to gated_ihc, norm_gated_ihc and mean_gated_ihc only"),
-    (["--residual=mean_gated_ihc", "--gate_deviations=True"], "gate_deviations: mean_gated_ihc has one gate"),
 ])
 def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
     status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
@@ -1354,24 +1412,16 @@ def test_sample_names_characters_outside_the_vocabulary(trained):
     assert status == 2 and "'ï☃'" in stderr, stderr
 
 
-def test_checkpoints_from_before_the_gate_options_load_with_the_clip_gate(tmp_path):
-    """A checkpoint without a "gate" was trained with clip, the only gate then: it
-    samples as clip does, not as today's default gate would."""
-    train_here("--residual=norm_gated_ihc", "--gate=clip", "--max_iters=1", "--eval_interval=1",
-        f"--out_dir={tmp_path / 'clip'}", *TINY)
-    checkpoint = torch.load(tmp_path / "clip" / "ckpt.pt", weights_only=True)
-    for key, value in checkpoint["model"].items():  # gate logits where clip and the default differ most
-        if key.endswith("_topology.bias"):
-            value[8:] = torch.tensor([1.0, 0.0, 1.0, 0.0])  # after pre's and post's 4 each
-    torch.save(checkpoint, tmp_path / "clip" / "ckpt.pt")
-    for name, gate in (("old", None), ("default", GPTConfig.gate)):
-        args = {k: v for k, v in checkpoint["model_args"].items() if k != "gate"}
-        (tmp_path / name).mkdir()
-        torch.save({**checkpoint, "model_args": {**args, **({"gate": gate} if gate else {})}}, tmp_path / name / "ckpt.pt")
-    texts = {name: run_in_this_process("sample.py", f"--out_dir={tmp_path / name}", "--num_samples=1",
-                                       "--max_new_tokens=200", "--device=cpu") for name in ("clip", "old", "default")}
-    assert all(status == 0 for status, _, _ in texts.values()), texts
-    assert texts["old"][1] == texts["clip"][1] != texts["default"][1]
+def test_checkpoints_with_settings_this_model_lacks_are_one_line_errors(trained, tmp_path):
+    """A checkpoint from before the study variants became names holds settings such
+    as hc_mix among its model_args: sample.py names them, in one line, not a TypeError."""
+    checkpoint = torch.load(trained / "ckpt.pt", weights_only=True)
+    checkpoint["model_args"].update(hc_mix="diagonal", gate="clip")
+    (tmp_path / "old").mkdir()
+    torch.save(checkpoint, tmp_path / "old" / "ckpt.pt")
+    status, _, stderr = run_in_this_process("sample.py", f"--out_dir={tmp_path / 'old'}", "--device=cpu")
+    assert status == 2 and "names settings this model does not have (gate, hc_mix)" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1
 
 
 
@@ -1657,8 +1707,7 @@ def dynamic_read_inputs(n, K, dtype=torch.float64, seed=0):
 
 @pytest.mark.parametrize("n,K", [(2, 0), (4, 0), (4, 4), (4, 16), (3, 6)], ids=["ihc2", "ihc", "gated", "mhc", "lite3"])
 @pytest.mark.parametrize("used", [(0, 1, 2), (0,), (0, 1)], ids=["all", "x", "no-res"])
-@pytest.mark.parametrize("impl, dtype, tol", [pytest.param("fused", torch.float64, 1e-10, id="fused"),
-                                             pytest.param("triton", torch.float32, 1e-5, id="triton", marks=slow)])
+@cases("fused", "triton")
 def test_dynamic_read(n, K, used, impl, dtype, tol):
     """The coefficients and the read in one op against residuals.dynamic_read: x, post
     and res, and the gradient of h, W, alpha and bias, whichever outputs the loss uses."""
@@ -1691,7 +1740,7 @@ def sinkhorn_definition(logits, iters=20, dtype=torch.float64):
     return M
 
 
-ALL_IMPLS = pytest.mark.parametrize("impl", ["reference", "fused", TRITON])
+ALL_IMPLS = impls("reference", "fused", "triton")
 
 
 @ALL_IMPLS
@@ -1723,10 +1772,7 @@ def test_sinkhorn_finite_for_extreme_logits(impl):
         assert (out >= 0).all()
 
 
-SINKHORN_FAST = pytest.mark.parametrize("impl, dtype, tol", [
-    pytest.param("fused", torch.float64, 1e-10, id="fused"),
-    pytest.param("fused", torch.float32, 1e-5, id="fused-float32"),
-    pytest.param("triton", torch.float32, 1e-5, id="triton", marks=slow)])
+SINKHORN_FAST = cases("fused", "fused-float32", "triton")
 
 
 @SINKHORN_FAST
@@ -1994,13 +2040,13 @@ def test_committed_results_redraw_byte_for_byte(preset, tmp_path):
 
 @slow
 def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
-    """The gates preset's static variant is norm_gated_ihc with --alpha_init=0, run
+    """The gates preset's static variant is norm_gated_ihc.clip with --alpha_init=0, run
     and named as such; ihc among the variants adds a paired column against it."""
     compare(tmp_path, "--preset=gates", "--variants=ihc,norm_gated_ihc.static", "--seeds=1")
     out_dir = tmp_path / "runs" / "norm_gated_ihc.static-s1"
     assert "--alpha_init=0" in json.loads((out_dir / "run.json").read_text())["arguments"]
     config = torch.load(out_dir / "ckpt.pt", weights_only=True)["config"]
-    assert config["residual"] == "norm_gated_ihc" and config["alpha_init"] == 0
+    assert config["residual"] == "norm_gated_ihc.clip" and config["alpha_init"] == 0
     assert (tmp_path / "results" / "metrics" / "norm_gated_ihc.static-s1.jsonl").exists()
     table = (tmp_path / "results" / "results.md").read_text()
     ihc, static = (metrics(tmp_path / "runs" / f"{label}-s1")[-1]["val_loss"]

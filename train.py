@@ -30,7 +30,7 @@ from tqdm import tqdm
 from configurator import check_ranges, choose_device, config_keys, configure, fail
 from model import GPT, KERNELS, GPTConfig, check_config, load_checkpoint, stream_ops
 from prepare import DATA_DIR, DATASETS, get_batch, prepare_dataset
-from residuals import TOPOLOGIES
+from variants import RESIDUALS
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -51,21 +51,10 @@ n_head = 4
 n_embd = 128
 dropout = 0.0
 bias = False
-residual = "residual"  # the topology: one of residuals.TOPOLOGIES
+residual = "residual"  # a topology (residuals.py) or a study variant (variants.py), e.g. hc.mix_diagonal
 n_streams = 0  # 0: the topology's default (1 for residual, 4 for the others)
 alpha_init = 0.01  # initial coefficient scales a_* (mHC) and s (HC)
-sinkhorn_iters = 20
-gate = "stretched_sigmoid"  # gated topologies: clip, hard_sigmoid, stretched_sigmoid, binary or hard_concrete
-gate_init = 0.0  # gated topologies: the gates' value at step 0, in (0, 1]; 0: the gate's own (residuals.py)
-gate_c_max = 2.0  # norm_gated_ihc: cap of the norm correction c(g)
-gate_anchor = False  # gated_ihc, norm_gated_ihc: stream 0's gate always 1
-gate_deviations = False  # gated_ihc, norm_gated_ihc: gate only the deviations from the streams' mean
-hc_mix = "dynamic"  # hc: dynamic (A_r^T, the paper), static, diagonal or identity (residuals.py)
-hc_bounded = False  # hc: no sublayer's MIX amplifies (largest absolute row sum <= 1, per token)
-hc_nonnegative = False  # hc: A_r clamped at 0, so streams are only ever added to each other
-coefficients_from = "state"  # mhc, mhc_lite, the iHC family: state (one map of the whole state) or stream (hc's)
-read_write = "bounded"  # mhc, mhc_lite, the iHC family: bounded (sigmoid pre, 2 sigmoid post) or signed (hc's)
-read_init = "spread"  # mhc, mhc_lite, the iHC family: spread (0.73 on stream k mod n) or one_hot (needs signed)
+sinkhorn_iters = 20  # mhc: Sinkhorn-Knopp iterations
 kernels = "auto"  # the stream ops (model.stream_ops): auto (triton on CUDA, fused elsewhere), reference, fused, triton
 # AdamW and the learning-rate schedule (warmup, then cosine to min_lr)
 learning_rate = 1e-3
@@ -93,8 +82,6 @@ RANGES = dict(
     batch_size="[1, inf)", block_size="[1, inf)",  # shorter than the validation split, checked with the data
     n_layer="[1, inf)", n_head="[1, inf)", n_embd="[1, inf)", dropout="[0, 1)",  # n_head divides n_embd: check_config
     n_streams="[1, inf) or 0", alpha_init="[0, inf)", sinkhorn_iters="[1, inf)",  # each topology's n: check_config
-    gate_init="(0, 1] or 0",
-    gate_c_max="(1, inf)",  # at 1, c(g) g is gated_ihc's g; below 1 even open gates shrink every stream
     learning_rate="(0, inf)", max_iters="[1, inf)", weight_decay="[0, inf)", beta1="[0, 1)", beta2="[0, 1)",
     grad_clip="[0, inf)", warmup_iters="[0, inf)", lr_decay_iters="[1, inf) or 0", min_lr="[0, learning_rate]",
     seed="[0, 4294967295]",  # 2^32 - 1, the usual largest seed (numpy's); torch overflows past 2^64
@@ -105,8 +92,8 @@ user_set = configure(globals())
 check_ranges(globals(), RANGES)
 
 # --- check every setting before any work, so a mistake costs nothing --------
-if residual not in TOPOLOGIES:
-    fail(f"unknown residual '{residual}'; choose one of: {', '.join(TOPOLOGIES)}")
+if residual not in RESIDUALS:
+    fail(f"unknown residual '{residual}'; choose one of: {', '.join(RESIDUALS)}")
 choices = dict(init_from=("scratch", "resume"), kernels=("auto", *KERNELS), progress=("auto", "bar", "lines", "False"))
 for key, allowed in choices.items():
     if globals()[key] not in allowed:
@@ -121,7 +108,7 @@ if device_type == "cuda":
             globals()[key] = value
 recipe = "nanoGPT's shakespeare_char model" if device_type == "cuda" else "nanoGPT's CPU recipe"
 yours = [key for key in ("n_layer", "n_embd", "n_head", "block_size", "batch_size") if key in user_set]
-n_streams = n_streams or TOPOLOGIES[residual].default_n_streams
+n_streams = n_streams or RESIDUALS[residual].default_n_streams
 kernels = kernels if kernels != "auto" else ("triton" if device_type == "cuda" else "fused")
 out_dir = out_dir or f"out-{residual}"
 lr_decay_iters = lr_decay_iters or max_iters

@@ -43,8 +43,13 @@ check_ranges(globals(), RANGES)
 
 
 def train_depths():
-    """compare.py, one preset after the other; its runs resume, its errors are its own."""
+    """compare.py, one preset after the other; its runs resume, its errors are its own. A
+    depth whose record is in results_dir is trained: compare.py wrote it when its last run
+    finished, and its runs may be gone (a fresh clone has none), so it is not trained again."""
     for preset in DEPTHS.values():
+        if os.path.exists(os.path.join(results_dir, preset, "run.json")):
+            print(f"depth_sweep: {os.path.join(results_dir, preset)} holds its record: trained", flush=True)
+            continue
         command = [sys.executable, os.path.join(HERE, "compare.py"), f"--preset={preset}", f"--jobs={jobs}",
                    f"--results_dir={os.path.join(results_dir, preset)}"]
         print(f"depth_sweep: {' '.join(command[1:])}", flush=True)

@@ -29,8 +29,10 @@ rate is the one with the lowest final val loss there. Where that is an end of th
 grid, the grid grows by its own ratio on that side (up to --extend times) until the
 best rate lies inside it; a best rate still at an end is reported as such. Then
 the comparison's seeds train each variant at its chosen rate. min_lr, where the
-cosine schedule ends, follows the rate at a tenth of it (train.py's defaults,
-1e-3 and 1e-4, have the same ratio), so every rate gets the same schedule's shape.
+cosine schedule ends, follows the rate at a tenth of it (nanoGPT's 1e-3 and 1e-4
+have the same ratio), so every rate gets the same schedule's shape. A preset
+without a grid trains every variant at its one rate, 1e-3 unless it says; every
+run is given its rate, so no record depends on train.py's default.
 
 Writes to results_dir: results.md (the table, the command, the machine),
 val_loss.png, gain.png, grad_norm.png, gates.png (gated variants only), and
@@ -68,16 +70,17 @@ class Preset(NamedTuple):
     variants: dict  # label -> the variant's own train.py arguments, in the table's order
     seeds: str = "1337,1338,1339"
     baselines: tuple = ("residual", "ihc")  # a paired column for each that is among the chosen variants
-    learning_rates: tuple = ()  # a grid: each variant at its best rate on tuning_seed; (): all at train.py's
+    learning_rates: tuple = ()  # a grid: each variant at its best rate on tuning_seed; (): all at `rate`
+    rate: float = 1e-3  # without a grid, every variant's learning rate: nanoGPT's, that of the one-rate studies
     tuning_seed: int = 1336  # chooses the rates; never one of the comparison's seeds
     rates_from: dict = {}  # label -> the variant whose chosen rate it trains at, untuned (where the budget forces it)
 
 
 class Run(NamedTuple):
-    """One train.py run: a variant, a seed and, in a tuned comparison, its learning rate."""
+    """One train.py run: a variant, a seed and its learning rate."""
     label: str
     seed: int
-    rate: float = None  # None: train.py's learning rate
+    rate: float
     tuning: bool = False  # a run of the grid on the tuning seed
 
     @property
@@ -200,8 +203,8 @@ metrics_dir = os.path.join(results_dir, "metrics")
 
 def comparison_runs(chosen):
     """Every variant at every seed, seed-major (a stopped comparison has whole seeds),
-    at its chosen rate: {label: rate}, empty without a grid."""
-    return [Run(label, seed, chosen.get(label)) for seed in seed_list for label in labels]
+    at its chosen rate: {label: rate}."""
+    return [Run(label, seed, chosen[label]) for seed in seed_list for label in labels]
 
 
 def run_dir(run):
@@ -209,7 +212,8 @@ def run_dir(run):
 
 
 def rate_arguments(rate):
-    """A run's learning rate and the rate its cosine schedule ends at; none for train.py's."""
+    """A run's learning rate and the rate its cosine schedule ends at, always given to
+    train.py (a record never depends on its defaults, which may change); None: none."""
     return [] if rate is None else [f"--learning_rate={rate:g}", f"--min_lr={rate / 10:g}"]
 
 
@@ -384,9 +388,12 @@ def final_val_loss(source, run):
 
 def choices(losses):
     """{label: the rate with the lowest final val loss on the tuning seed} for every
-    chosen variant, a variant in rates_from at the rate of the one it names."""
+    chosen variant, a variant in rates_from at the rate of the one it names; without a
+    grid, the preset's one rate for all."""
+    if not grid:
+        return dict.fromkeys(labels, PRESET.rate)
     best = {label: min(by_rate, key=by_rate.get) for label, by_rate in losses.items()}
-    return {label: best[PRESET.rates_from.get(label, label)] for label in labels} if losses else {}
+    return {label: best[PRESET.rates_from.get(label, label)] for label in labels}
 
 
 def tuning_runs(losses):
@@ -519,11 +526,12 @@ def report():
     plots = [f"![{title}]({name})" for name, title in draw(curves, progress, results_dir)]
     info = study_record(tuning_runs(losses) + runs)
     shown_args = [os.path.relpath(arg, HERE) if arg.startswith(HERE) else arg
-                  for arg in PRESET.args + shlex.split(train_args)]
+                  for arg in PRESET.args + shlex.split(train_args) + ([] if grid else rate_arguments(PRESET.rate))]
+    variant_rates = chosen if grid else dict.fromkeys(labels)  # one rate for all is shown once, above
     text = [f"# Residual topologies compared ({preset} preset)", "",
             f"Each run: `python train.py {shlex.join(shown_args)} <the variant's arguments> --seed=S`, "
             f"seeds {', '.join(map(str, seed_list))}. Variants: "
-            + ", ".join(f"`{label}` (`{shlex.join(PRESET.variants[label] + rate_arguments(chosen.get(label)))}`)"
+            + ", ".join(f"`{label}` (`{shlex.join(PRESET.variants[label] + rate_arguments(variant_rates[label]))}`)"
                         for label in labels) + "."]
     if info:
         made = " then ".join(f"`{call['command']}` ({call['minutes']} min{at_commit(call)})" for call in info["calls"])

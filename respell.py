@@ -12,6 +12,11 @@ the same seed, same logits and gradients). compare.py reads "respelled" where it
 is, so every committed study still redraws, and its preset trains the same
 models it trained.
 
+A run with no --learning_rate trained at train.py's default of its day, 1e-3
+with min_lr 1e-4 (nanoGPT's, the default of every commit until the CPU model's
+became 4e-3). Today compare.py gives every run its rate, so those runs are
+respelled with --learning_rate=0.001 --min_lr=0.0001 where compare.py puts a rate.
+
     python respell.py                     # every results/*/run.json
     python respell.py results/depth_tuned # one study
 
@@ -64,12 +69,26 @@ def respell(arguments):
     return rest[:first] + [f"--residual={SPELLINGS[spelled]}"] + rest[first:]
 
 
+def with_rate(arguments):
+    """One run's arguments with the rate it trained at given, where it was train.py's
+    default of the day (1e-3, min_lr 1e-4): before --seed, where compare.py puts it."""
+    if any(arg.startswith("--learning_rate=") for arg in arguments):
+        return list(arguments)
+    seed = next(i for i, arg in enumerate(arguments) if arg.startswith("--seed="))
+    return arguments[:seed] + ["--learning_rate=0.001", "--min_lr=0.0001"] + arguments[seed:]
+
+
+def spelled_today(arguments):
+    """The arguments that train, today, the model a run with these arguments trained."""
+    return with_rate(respell(arguments))
+
+
 def respell_study(path):
     """Write "respelled" into one study's run.json: {run: today's arguments} for every
     run whose spelling changed. Returns how many runs that is."""
     with open(path) as f:
         info = json.load(f)
-    respelled = {name: respell(args) for name, args in info["runs"].items() if respell(args) != args}
+    respelled = {name: spelled_today(args) for name, args in info["runs"].items() if spelled_today(args) != args}
     if respelled:
         info["respelled"] = respelled
         with open(path + ".tmp", "w") as f:

@@ -705,7 +705,7 @@ def test_old_spellings_cover_every_committed_run_and_every_variant():
         with open(path) as f:
             info = json.load(f)
         for name, arguments in info["runs"].items():
-            today = respell.respell(arguments)
+            today = respell.spelled_today(arguments)
             assert info.get("respelled", {}).get(name, arguments) == today, f"{path}: {name}; run python respell.py"
             respelled.update(arg.split("=", 1)[1] for arg in today if arg.startswith("--residual="))
     fingerprinted = {respell.respell(old.split())[0].split("=", 1)[1] for old in OLD_SPELLINGS["fingerprints"]}
@@ -1131,6 +1131,24 @@ def beside_the_ends(r, default):
         outside.append(type(default)(out))
         inside.append(type(default)(into))
     return outside, inside
+
+
+@pytest.mark.parametrize("args, rates", [((), (4e-3, 4e-4)), (("--learning_rate=1e-4",), (1e-4, 1e-5)),
+                                         (("--learning_rate=1e-4", "--min_lr=0"), (1e-4, 0)),
+                                         ((os.path.join("config", "train_shakespeare_char_cpu.py"),), (1e-3, 1e-4))])
+def test_min_lr_follows_the_learning_rate_unless_set(args, rates, monkeypatch):
+    """train.py's CPU rate is 4e-3 with min_lr a tenth of it; a rate set alone keeps
+    that ratio (a lower one is not a range error against a default min_lr), a min_lr
+    set is kept, and nanoGPT's recipe is one file away, its 1e-3 included."""
+    def capture(config, ranges):
+        seen.update(learning_rate=config["learning_rate"], min_lr=config["min_lr"])
+        raise Checked
+
+    seen = {}
+    monkeypatch.setattr(configurator, "check_ranges", capture)
+    with pytest.raises(Checked):
+        run_in_this_process("train.py", "--device=cpu", *args)
+    assert (seen["learning_rate"], seen["min_lr"]) == pytest.approx(rates), seen
 
 
 @pytest.mark.parametrize("script", RANGED)
@@ -2019,8 +2037,9 @@ def test_compare_redraws_the_table_and_plots_byte_for_byte(compared, tmp_path):
     assert status == 2 and "were trained with other arguments" in stderr, stderr
 
 
-@pytest.mark.parametrize("preset", ["depth_tuned", "depth6"])
-def test_committed_results_redraw_byte_for_byte(preset, tmp_path):
+@pytest.mark.parametrize("preset, args", [("depth_tuned", ()), ("depth6", ()), ("cpu_tuned", ("--variants=residual,ihc",)),
+                                          ("cpu", ())])  # cpu: a one-rate study, its rate given to every run
+def test_committed_results_redraw_byte_for_byte(preset, args, tmp_path):
     """results/<preset> is compare.py's output from its committed metrics, and so is the
     table quoted in results/README.md: --train=False writes both again, the same bytes."""
     committed = os.path.join(ROOT, "results", preset)
@@ -2029,7 +2048,7 @@ def test_committed_results_redraw_byte_for_byte(preset, tmp_path):
     marker = f"<!-- compare.py table: {preset} -->"
     assert marker in readme, f"results/README.md quotes no table of {preset}"
     (tmp_path / "README.md").write_text(readme.split(marker)[0] + marker + "\n(stale)\n<!-- end of table -->\n")
-    status, _, stderr = run_in_this_process("compare.py", f"--preset={preset}", "--train=False",
+    status, _, stderr = run_in_this_process("compare.py", f"--preset={preset}", *args, "--train=False",
                                             f"--results_dir={tmp_path / preset}")
     assert status == 0, stderr
     for name in sorted(os.listdir(committed)):

@@ -59,8 +59,9 @@ def train_depths():
 
 
 def load_depth(preset):
-    """{label: [final-loss row per seed, in seed order]} and {label: rate} from a
-    preset's record and metrics, or None where it has no record yet."""
+    """{label: [metrics rows per seed, in seed order]}, {label: rate} and the labels
+    whose rate was tuned (the others train at another's), from a preset's record and
+    metrics, or None where it has no record yet."""
     folder = os.path.join(results_dir, preset)
     record_path = os.path.join(folder, "run.json")
     if not os.path.exists(record_path):
@@ -77,18 +78,21 @@ def load_depth(preset):
                 rows = [json.loads(line) for line in f]
             runs.setdefault(label, []).append((int(seed), rows))
     per_label = {label: [rows for _, rows in sorted(seed_rows)] for label, seed_rows in runs.items()}
-    return per_label, record.get("chosen", {})
+    return per_label, record["chosen"], set(record["grid_losses"])
 
 
 def summarize(per_label):
     """Per label: final val loss (mean, std), the paired difference to the residual,
-    and the largest forward gain and gradient norm of each run, mean over seeds."""
-    finals = {label: [[r for r in rows if "val_loss" in r][-1]["val_loss"] for rows in runs]
-              for label, runs in per_label.items()}
+    the largest forward gain and gradient norm of each run, mean over seeds, and how
+    much val loss still fell over the last evaluation interval (mean over seeds)."""
+    evals = {label: [[r for r in rows if "val_loss" in r] for rows in runs] for label, runs in per_label.items()}
+    finals = {label: [rows[-1]["val_loss"] for rows in runs] for label, runs in evals.items()}
     summary = {}
     for label, runs in per_label.items():
         summary[label] = dict(
             final=mean_std(finals[label]),
+            last_change=statistics.mean(rows[-1]["val_loss"] - rows[-2]["val_loss"] for rows in evals[label]),
+            last_interval=(evals[label][0][-2]["iter"], evals[label][0][-1]["iter"]),
             vs_residual=paired([a - b for a, b in zip(finals[label], finals["residual"])]),
             gain=statistics.mean(max(r["gain_forward"] for r in rows if "gain_forward" in r) for rows in runs),
             grad_norm=statistics.mean(max(r["grad_norm_max"] for r in rows if "grad_norm_max" in r) for rows in runs))
@@ -100,14 +104,15 @@ def draw(by_depth, path):
     and right: the largest forward gain and gradient norm; each against depth."""
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     colors = dict(zip(TOPOLOGIES, plt.cm.tab10.colors))
-    for label in TOPOLOGIES:
+    for i, label in enumerate(TOPOLOGIES):
         depths = [depth for depth, summary in by_depth.items() if label in summary]
         rows = [by_depth[depth][label] for depth in depths]
         if label != "residual":
             mean = [row["vs_residual"].mean for row in rows]
             error = [[m - row["vs_residual"].low for m, row in zip(mean, rows)],
                      [row["vs_residual"].high - m for m, row in zip(mean, rows)]]
-            axes[0].errorbar(depths, mean, yerr=error, color=colors[label], label=label, marker="o", capsize=3)
+            dodged = [depth * 2 ** (0.04 * (i - 2.5)) for depth in depths]  # side by side, so no bar hides another
+            axes[0].errorbar(dodged, mean, yerr=error, color=colors[label], label=label, marker="o", capsize=3)
         axes[1].plot(depths, [row["gain"] for row in rows], color=colors[label], label=label, marker="o")
         axes[2].plot(depths, [row["grad_norm"] for row in rows], color=colors[label], label=label, marker="o")
     axes[0].axhline(0, color="black", linewidth=0.8)
@@ -121,7 +126,7 @@ def draw(by_depth, path):
         ax.grid(alpha=0.3, which="both")
     axes[1].set_yscale("log")
     axes[2].set_yscale("log")
-    axes[0].legend(fontsize=8)
+    axes[2].legend(fontsize=8)  # the panel with every topology, the residual's too
     fig.tight_layout()
     fig.savefig(path + ".tmp.png", dpi=110, metadata={"Software": None})  # no version: the same data, the same bytes
     plt.close(fig)
@@ -129,13 +134,13 @@ def draw(by_depth, path):
 
 
 def report():
-    by_depth, rates, missing = {}, {}, []
+    by_depth, rates, tuned, missing = {}, {}, {}, []
     for depth, preset in DEPTHS.items():
         loaded = load_depth(preset)
         if loaded is None or "residual" not in loaded[0]:
             missing.append(f"{depth} (`{preset}`)")
             continue
-        by_depth[depth], rates[depth] = summarize(loaded[0]), loaded[1]
+        by_depth[depth], rates[depth], tuned[depth] = summarize(loaded[0]), loaded[1], loaded[2]
     if not by_depth:
         fail(f"no depth of the sweep has results in {results_dir} (presets {', '.join(DEPTHS.values())}); "
              f"train them first (--train=True)")
@@ -147,20 +152,25 @@ def report():
              "learning rate, chosen on seed 1336 (`python compare.py --preset=<preset>`, whose results.md shows "
              "the grid), then seeds 1337, 1338, 1339. Made by `python depth_sweep.py`. The difference to the "
              "residual is paired by seed: mean [95% CI], p, signs; an interval that holds 0 is within noise. "
-             "Gain and gradient norm: each run's largest, mean over seeds.", ""]
+             "Gain and gradient norm: each run's largest, mean over seeds. Still falling: the val loss change "
+             "over the last evaluation interval, mean over seeds (negative: the run had not converged, and the "
+             "ranking at a longer budget may differ). A rate marked untuned is another variant's, given where "
+             "the budget did not cover a grid (the preset's rates_from; depth48: ihc's).", ""]
     if missing:
         lines += [f"Not yet trained: {', '.join(missing)}.", ""]
     lines += ["| layers | variant | learning rate | final val loss | minus residual's: mean [95% CI], p, signs "
-              "| max gain fwd | max grad norm |", "|---|---|---|---|---|---|---|"]
+              "| max gain fwd | max grad norm | still falling |", "|---|---|---|---|---|---|---|---|"]
     for depth, summary in by_depth.items():
         for label in TOPOLOGIES:
             if label in summary:
                 row = summary[label]
-                rate = f"{rates[depth][label]:g}" if label in rates[depth] else "train.py's"
+                rate = f"{rates[depth][label]:g}" + ("" if label in tuned[depth] else " (untuned)")
+                start, end = row["last_interval"]
                 difference = "" if label == "residual" else paired_cell(row["vs_residual"])
                 spread = "" if math.isnan(row["final"][1]) else f" ± {row['final'][1]:.4f}"
                 lines.append(f"| {depth} | `{label}` | {rate} | {row['final'][0]:.4f}{spread} | {difference} | "
-                             f"{row['gain']:.3f} | {row['grad_norm']:.2f} |")
+                             f"{row['gain']:.3f} | {row['grad_norm']:.2f} | {row['last_change']:+.4f} "
+                             f"({start}-{end}) |")
     lines += ["", "![depth](depth.png)", ""]
     with open(os.path.join(out, "results.md.tmp"), "w") as f:
         f.write("\n".join(lines))

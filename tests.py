@@ -2173,9 +2173,10 @@ def test_compare_chooses_each_rate_on_the_tuning_seed_alone(tmp_path):
 
 
 def test_depth_sweep_draws_each_depth_paired_against_its_residual(tmp_path, monkeypatch):
-    """depth_sweep.py reads each depth's compare.py record: per topology the chosen rate,
-    the final loss minus the same depth's residual at the same seed (mean, 95% interval
-    from a t table, p exact at 2 dof), each run's largest gain and gradient norm; a depth
+    """depth_sweep.py reads each depth's compare.py record: per topology the chosen rate
+    (marked where it was not tuned), the final loss minus the same depth's residual at
+    the same seed (mean, 95% interval from a t table, p exact at 2 dof), each run's
+    largest gain and gradient norm, how much the loss still fell at the end; a depth
     not trained yet is named, and the figure is drawn the same, byte for byte, twice."""
     finals = {6: {"residual": [2.10, 2.12, 2.11], "hc": [2.05, 2.09, 2.06]},
               12: {"residual": [2.20, 2.23, 2.21], "hc": [2.15, 2.16, 2.19]}}
@@ -2189,7 +2190,7 @@ def test_depth_sweep_draws_each_depth_paired_against_its_residual(tmp_path, monk
                         dict(iter=20, val_loss=loss, gain_forward=depth + seed - 1337)]
                 (tmp_path / preset / "metrics").mkdir(parents=True, exist_ok=True)
                 (tmp_path / preset / "metrics" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        record = dict(runs=runs, chosen={"residual": 0.008, "hc": 0.004})
+        record = dict(runs=runs, chosen={"residual": 0.008, "hc": 0.004}, grid_losses={"hc": {0.004: 2.0}})
         (tmp_path / preset / "run.json").write_text(json.dumps(record))
     status, _, stderr = run_in_this_process("depth_sweep.py", "--train=False", f"--results_dir={tmp_path}")
     assert status == 0, stderr
@@ -2200,8 +2201,10 @@ def test_depth_sweep_draws_each_depth_paired_against_its_residual(tmp_path, monk
         mean, sem = statistics.mean(paired), statistics.stdev(paired) / math.sqrt(3)
         half, p = 4.302653 * sem, 1 - abs(mean / sem) / math.sqrt((mean / sem) ** 2 + 2)
         hc = statistics.mean(finals[depth]["hc"]), statistics.stdev(finals[depth]["hc"])
+        falling = statistics.mean(finals[depth]["hc"]) - 4.0  # over the last interval, iterations 0 to 20
         assert (f"| {depth} | `hc` | 0.004 | {hc[0]:.4f} ± {hc[1]:.4f} | {mean:+.4f} [{mean - half:+.4f}, "
-                f"{mean + half:+.4f}], p {p:.3f}, --- | {depth + 1:.3f} | 2.00 |") in text, text
+                f"{mean + half:+.4f}], p {p:.3f}, --- | {depth + 1:.3f} | 2.00 | {falling:+.4f} (0-20) |") in text, text
+        assert f"| {depth} | `residual` | 0.008 (untuned) |" in text, text  # not in the grid: another's rate
     drawn = (tmp_path / "depth_sweep" / "depth.png").read_bytes()
     assert drawn[:8] == b"\x89PNG\r\n\x1a\n"
     run_in_this_process("depth_sweep.py", "--train=False", f"--results_dir={tmp_path}")

@@ -2221,11 +2221,26 @@ def test_depth_sweep_draws_each_depth_paired_against_its_residual(tmp_path, monk
 
 
 def test_compare_refuses_a_runs_dir_another_call_is_training_in(tmp_path):
+    """The lock names a process that runs (this one): it stands."""
     (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / "compare.lock").write_text("12345 python compare.py\n")
+    (tmp_path / "runs" / "compare.lock").write_text(f"{os.getpid()} python compare.py\n")
     status, _, stderr = run_in_this_process(*compare_arguments(tmp_path, "--variants=mhc", "--seeds=5"))
     assert status == 2 and "another compare.py is training in" in stderr, stderr
     assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "runs" / "mhc-s5").exists()
+
+
+@slow
+@pytest.mark.skipif(os.name != "posix", reason="Windows cannot ask whether a process runs without ending it")
+def test_compare_takes_over_the_lock_of_a_call_that_was_killed(tmp_path):
+    """The lock names a process that has ended (killed outright, its lock stayed): the
+    next call says so, takes the lock, trains, and leaves none behind."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "compare.lock").write_text(f"{ended.stdout.strip()} python compare.py\n")
+    result = compare(tmp_path, "--variants=mhc", "--seeds=5", "--train_args=--max_itters=5", check=False)
+    assert f"({ended.stdout.strip()}) is no longer running; taking it over" in result.stdout, result.stdout
+    assert result.returncode == 1 and "unknown key 'max_itters'" in result.stderr, result.stderr  # it trained
+    assert not (tmp_path / "runs" / "compare.lock").exists()
 
 
 @slow

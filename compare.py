@@ -251,23 +251,20 @@ def write_run_info(out_dir, arguments, finished):
         json.dump(dict(arguments=arguments, finished=finished), f)
 
 
-def lock_holder_is_gone(path):
-    """Whether the call that wrote the lock at `path` has ended: it was killed outright, so
-    its lock stayed. Where that cannot be asked (Windows, where os.kill(pid, 0) would end
-    the process), or the file names no process, the lock stands."""
+def dead_lock_holder(path):
+    """The PID in the lock at `path` if that process has ended (killed outright, so its
+    lock stayed), else None. Where that cannot be asked (Windows, where os.kill(pid, 0)
+    would end the process), or the file names no process, the lock stands: None."""
+    if os.name != "posix":
+        return None
     try:
         pid = int(open(path).read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return False
-    if os.name != "posix":
-        return False
-    try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
-        return True
-    except PermissionError:  # it exists, another user's
-        return False
-    return False
+        return pid
+    except (OSError, ValueError, IndexError):  # no such file, no PID in it, another user's process
+        return None
+    return None
 
 
 def claim_runs_dir():
@@ -276,8 +273,9 @@ def claim_runs_dir():
     killed call's lock (its process gone) is taken over, with a line that says so."""
     os.makedirs(runs_dir, exist_ok=True)
     path = os.path.join(runs_dir, "compare.lock")
-    if os.path.exists(path) and lock_holder_is_gone(path):
-        print(f"{path}: the call that wrote it ({open(path).read().split()[0]}) is no longer running; taking it over")
+    pid = dead_lock_holder(path)
+    if pid is not None:
+        print(f"{path}: the call that wrote it ({pid}) is no longer running; taking it over")
         os.remove(path)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)

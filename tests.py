@@ -2038,7 +2038,7 @@ def test_compare_redraws_the_table_and_plots_byte_for_byte(compared, tmp_path):
     assert status == 2 and "were trained with other arguments" in stderr, stderr
 
 
-@pytest.mark.parametrize("preset, args", [("depth_tuned", ()), ("depth6", ()), ("depth24", ()),
+@pytest.mark.parametrize("preset, args", [("depth_tuned", ()), ("depth6", ()), ("depth24", ()), ("depth48", ()),
                                           ("cpu_tuned", ("--variants=residual,ihc",)),
                                           ("cpu", ())])  # cpu: a one-rate study, its rate given to every run
 def test_committed_results_redraw_byte_for_byte(preset, args, tmp_path):

@@ -12,6 +12,7 @@ metrics.jsonl. A preset fixes train.py's arguments for every run, its variants
     python compare.py --preset=hc_sign_gain  # CPU: hc's mixing kept non-negative and/or bounded, 5 x 3 (~70 min)
     python compare.py --preset=depth_long  # CPU: the depth model for 3000 iterations, 4 variants x 3 seeds (~100 min)
     python compare.py --preset=depth_tuned  # CPU: the depth study with every variant at its own best learning rate
+    python compare.py --preset=depth48_long  # CPU: residual and hc at 48 x 64 for 2000 iterations (~80 min)
     python compare.py --variants=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
 
 Each run is `python train.py <preset's arguments> <--train_args> <variant's arguments>
@@ -148,10 +149,14 @@ PRESETS = dict(
     depth24=Preset(SWEEP_MODEL + ["--n_layer=24"], learning_rates=(2e-3, 4e-3, 8e-3), variants=SWEEP),
     depth48=Preset(SWEEP_MODEL + ["--n_layer=48"], learning_rates=(1e-3, 2e-3, 4e-3), variants=SWEEP,
                    rates_from={"mhc": "ihc", "norm_gated_ihc": "ihc"}),
+    # depth48's residual and hc for twice the iterations: does hc's lead at 48 layers last? Both at 4e-3,
+    # the rate each chose at 1000 iterations (the budget could not tune at this length)
+    depth48_long=Preset(["--device=cpu", "--n_embd=64", "--n_head=4", "--n_layer=48", "--max_iters=2000"],
+                        topologies("hc", "residual"), baselines=("residual",), rate=4e-3),
 )
 
 preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long, depth_tuned, depth6,
-# depth24, depth48, cpu_tuned
+# depth24, depth48, depth48_long, cpu_tuned
 variants = "all"  # comma-separated labels of the preset's variants, or all
 seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
 train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"

@@ -2039,6 +2039,7 @@ def test_compare_redraws_the_table_and_plots_byte_for_byte(compared, tmp_path):
 
 
 @pytest.mark.parametrize("preset, args", [("depth_tuned", ()), ("depth6", ()), ("depth24", ()), ("depth48", ()),
+                                          ("depth48_long", ()),
                                           ("cpu_tuned", ("--variants=residual,ihc",)),
                                           ("cpu", ())])  # cpu: a one-rate study, its rate given to every run
 def test_committed_results_redraw_byte_for_byte(preset, args, tmp_path):

@@ -144,11 +144,18 @@ def choose_device(device, dtype, local_rank=0):
     if device == "auto":
         device = (f"cuda:{local_rank}" if torch.cuda.is_available() else
                   "mps" if torch.backends.mps.is_available() else "cpu")
-    elif device.startswith("cuda") and not torch.cuda.is_available():
-        fail(f"device '{device}' asked for, but torch sees no CUDA GPU; use --device=cpu or auto")
+    elif device == "cuda":  # torch.cuda.set_device needs an index: torchrun's rank, as auto picks
+        device = f"cuda:{local_rank}"
+    if device.startswith("cuda:"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            fail(f"device '{device}' asked for, but torch sees no CUDA GPU; use --device=cpu or auto")
+        index = device[len("cuda:"):]
+        if not index.isdigit() or int(index) >= count:
+            fail(f"device '{device}': torch sees {count} CUDA GPU(s); use cuda, auto or cuda:0 to cuda:{count - 1}")
     elif device == "mps" and not torch.backends.mps.is_available():
         fail("device 'mps' asked for, but this torch has no MPS backend; use --device=cpu or auto")
-    elif device != "cpu" and not device.startswith(("cuda", "mps")):
+    elif device != "cpu" and device != "mps":
         fail(f"unknown device '{device}'; choose auto, cpu, cuda, cuda:N or mps")
     device_type = device.split(":")[0]
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

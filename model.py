@@ -226,8 +226,9 @@ class GPT(nn.Module):
             for topology, sublayer in ((block.attn_topology, block.attn_sublayer),
                                        (block.mlp_topology, block.mlp_sublayer)):
                 mix = topology.mix_matrix(h)
-                if mix is not None:
-                    product = mix.float() @ product
+                if mix is not None:  # in float32 under bf16 autocast too: a gain, and svdvals has no CUDA bf16
+                    with torch.autocast(idx.device.type, enabled=False):
+                        product = mix.float() @ product
                 if isinstance(topology, GatedIHC):
                     logits = topology.coefficients(h)[2]  # (B,T,K)
                     g = topology.gate(logits)  # (B,T,n), or (B,T,1) for mean_gated_ihc

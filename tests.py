@@ -837,6 +837,19 @@ def test_composite_gain_of_the_mix_product():
     assert abs(report["gain_backward"] - 3.0) < 1e-5  # column 0 of 2 * L sums to 2 * 1.5
 
 
+def test_composite_gain_is_float32_under_bf16_autocast():
+    """train.py measures under the GPU's bf16 autocast, where a matmul would round
+    the product to bf16 (8 bits: 1.001 is 1.0) and CUDA's svdvals refuses bf16
+    (the first GPU run). A gain of 1.001 must read as 1.001."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config("hc"))
+    with torch.no_grad():
+        model.transformer.h[1].attn_topology.mix_static.mul_(1.001)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        report = model.diagnostics(torch.randint(0, 65, (2, 16)))
+    assert abs(report["gain_forward"] - 1.001) < 1e-5, report
+
+
 def test_mean_direction_gain_and_effective_rank_see_decay_and_collapse():
     """The maximum row sum hides a stream that fades or a product that collapses:
     with MIX = diag(1, 1, 0, 0) in one sublayer, |P 1| / |1| = sqrt(2/4) and P has

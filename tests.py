@@ -5,9 +5,8 @@ The quick check, every file without the slow tests:  python -m pytest tests.py -
 Tests check behaviour a user relies on (the step-0 network is the residual one,
 training lowers the loss, a resumed run equals an uninterrupted one, every fast
 op equals the maths it speeds up), not shapes. One section per source file, in
-the README's reading order: residuals.py and variants.py, model.py (with every
-spelling the studies used: respell.py), prepare.py and train.py,
-sample.py, theory.py, fused.py and kernels.py (every fast op against
+the README's reading order: residuals.py and variants.py, model.py, prepare.py
+and train.py, sample.py, theory.py, fused.py and kernels.py (every fast op against
 residuals.py, through model.stream_ops; the Triton kernels run on the CPU in
 Triton's interpreter), compare.py, plot.py, bench.py.
 
@@ -18,7 +17,6 @@ script a test starts runs under sys.executable, never the python3 on PATH
 """
 import contextlib
 import glob
-import hashlib
 import io
 import json
 import math
@@ -50,7 +48,6 @@ except ModuleNotFoundError as e:  # no triton (macOS, Windows): its tests skip, 
     kernels = None
 import configurator
 import residuals
-import respell
 import theory
 from model import GPT, GPTConfig, check_config, stream_ops
 from prepare import DATA_DIR, get_batch, gpt2_tokenizer, prepare_dataset, write_atomically
@@ -642,27 +639,21 @@ def test_every_topology_and_variant_starts_as_the_residual_network(name):
     assert err < 1e-5, f"{name} at step 0 differs from the residual network by {err}"
 
 
-# Fingerprints of models made by the old code, where each study variant was spelled as GPTConfig
-# settings of its topology (old_spelling_fixture.py at commit 2448f67, where it can still run).
-OLD_SPELLINGS = json.load(open(os.path.join(ROOT, "tests_old_spelling.json")))
+FINGERPRINT_SIZE = dict(n_layer=2, n_embd=16, n_head=2, block_size=8, vocab_size=64, dropout=0.0, kernels="reference")
 
 
 def fingerprint(model_args):
-    """The parameters at seed 1337 (one sha256 over their names and bytes); then, every
-    parameter moved off its init: the eval-mode logits at the last position, and in
-    training mode (torch seeded, for noisy gates) the loss and its gradient, each
-    parameter's projected on a fixed random direction. As old_spelling_fixture.py."""
+    """A 2 x 16 model at seed 1337 with every parameter moved off its init: the
+    eval-mode logits at the last position, and in training mode (torch seeded, for
+    noisy gates) the loss and its gradient, each parameter's projected on a fixed
+    random direction."""
     torch.manual_seed(1337)
-    model = GPT(GPTConfig(**OLD_SPELLINGS["size"], **model_args))
-    digest = hashlib.sha256()
-    for name, p in model.named_parameters():
-        digest.update(name.encode() + p.detach().numpy().tobytes())
+    model = GPT(GPTConfig(**FINGERPRINT_SIZE, **model_args))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for _, p in sorted(model.named_parameters()):
             p.add_(0.3 * torch.randn(p.shape, generator=generator))
-    idx = torch.randint(0, OLD_SPELLINGS["size"]["vocab_size"], (2, OLD_SPELLINGS["size"]["block_size"]),
-                        generator=generator)
+    idx = torch.randint(0, FINGERPRINT_SIZE["vocab_size"], (2, FINGERPRINT_SIZE["block_size"]), generator=generator)
     with torch.no_grad():
         logits, _ = model.eval()(idx, idx)
     torch.manual_seed(0)
@@ -670,46 +661,7 @@ def fingerprint(model_args):
     loss.backward()
     gradient = [(p.grad * torch.randn(p.shape, generator=generator)).sum().item()
                 for _, p in sorted(model.named_parameters())]
-    return dict(params=digest.hexdigest(), logits=logits[:, -1].flatten().tolist(), loss=loss.item(),
-                gradient=gradient)
-
-
-def model_args_of(arguments):
-    """GPTConfig's fields from train.py arguments (--key=value), parsed as train.py
-    parses them, with the topology's default n_streams."""
-    fields = {key: text for key, text in (arg[2:].split("=", 1) for arg in arguments)}
-    args = {key: configurator.parse_value(key, text, getattr(GPTConfig, key)) for key, text in fields.items()}
-    return {**args, "n_streams": RESIDUALS[args["residual"]].default_n_streams}
-
-
-@pytest.mark.parametrize("old", list(OLD_SPELLINGS["fingerprints"]))
-def test_old_and_new_spelling_build_the_same_model(old):
-    """What respell.py writes beside each committed run builds the model the run
-    trained: the same parameters, bit for bit, and the same logits, loss and
-    gradients as the old code's for the old spelling."""
-    new = respell.respell(old.split())
-    assert len(new) == 1 + old.count("--alpha_init"), new  # one name, where there were settings
-    got, want = fingerprint(model_args_of(new)), OLD_SPELLINGS["fingerprints"][old]
-    assert got["params"] == want["params"], f"{' '.join(new)}: other parameters at the same seed than {old}"
-    for key in ("logits", "loss", "gradient"):
-        torch.testing.assert_close(torch.tensor(got[key]), torch.tensor(want[key]), rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"{' '.join(new)} vs {old}, {key}: {m}")
-
-
-def test_old_spellings_cover_every_committed_run_and_every_variant():
-    """Every run of every committed study is spelled today by respell.py's table (or
-    was never respelled), and every variant has an old spelling fingerprinted, the
-    anchor's included, which no study trained."""
-    respelled = set()
-    for path in glob.glob(os.path.join(ROOT, "results", "*", "run.json")):
-        with open(path) as f:
-            info = json.load(f)
-        for name, arguments in info["runs"].items():
-            today = respell.spelled_today(arguments)
-            assert info.get("respelled", {}).get(name, arguments) == today, f"{path}: {name}; run python respell.py"
-            respelled.update(arg.split("=", 1)[1] for arg in today if arg.startswith("--residual="))
-    fingerprinted = {respell.respell(old.split())[0].split("=", 1)[1] for old in OLD_SPELLINGS["fingerprints"]}
-    assert set(VARIANTS) <= fingerprinted and respelled <= set(RESIDUALS), (set(VARIANTS) - fingerprinted, respelled)
+    return dict(logits=logits[:, -1].flatten().tolist(), loss=loss.item(), gradient=gradient)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

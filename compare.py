@@ -61,6 +61,7 @@ import torch
 from tqdm import tqdm
 
 from configurator import check_ranges, configure, fail
+from flops import flop_matched_iters
 from plot import draw, read_metrics
 from residuals import TOPOLOGIES
 from stats import mean_std, paired, paired_cell
@@ -75,6 +76,7 @@ class Preset(NamedTuple):
     rate: float = 1e-3  # without a grid, every variant's learning rate: nanoGPT's, that of the one-rate studies
     tuning_seed: int = 1336  # chooses the rates; never one of the comparison's seeds
     rates_from: dict = {}  # label -> the variant whose chosen rate it trains at, untuned (where the budget forces it)
+    reuse: tuple = ()  # committed studies (results/<name>) whose runs with this preset's arguments are taken, not trained
 
 
 class Run(NamedTuple):
@@ -96,12 +98,20 @@ def topologies(*names):
     return {name: [f"--residual={name}"] for name in names}
 
 
+def with_setting(name, key, value, *measuring):
+    """A variant trained with one more train.py setting, labelled `name+key=value`;
+    `measuring`: arguments that change what is recorded, not what is trained (the
+    evaluation interval of a longer run, which keeps its number of evaluations)."""
+    return {f"{name}+{key}={value}": [f"--residual={name}", f"--{key}={value}", *measuring]}
+
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEPTH_MODEL = ["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4"]  # the depth studies' model, 12 x 64
 DEPTH_STUDY = DEPTH_MODEL + ["--max_iters=1000"]
 SWEEP_MODEL = ["--device=cpu", "--n_embd=64", "--n_head=4", "--max_iters=1000"]  # then --n_layer, the depth
 SWEEP = topologies("residual", "hc", "mhc", "ihc", "norm_gated_ihc")
-# Labels name run directories and files: letters, digits, _ and . only. A study's label is the variant's name
+DECOMP_MATCHED = flop_matched_iters(1000, n_layer=48, n_embd=64, block_size=64, vocab_size=65, n_streams=4)  # 1119
+# Labels name run directories and files: letters, digits and _ . + = only. A study's label is the variant's name
 # (variants.py) where it can be; the gates study compares gate options against the clip gate, its baseline
 # there, so its labels name what each changes from norm_gated_ihc.clip.
 PRESETS = dict(
@@ -153,10 +163,30 @@ PRESETS = dict(
     # the rate each chose at 1000 iterations (the budget could not tune at this length)
     depth48_long=Preset(["--device=cpu", "--n_embd=64", "--n_head=4", "--n_layer=48", "--max_iters=2000"],
                         topologies("hc", "residual"), baselines=("residual",), rate=4e-3),
+    # Is the gate's reset-and-reuse reached when its logits may move (#38)? 12 x 64 as depth_tuned, five seeds:
+    # norm_gated_ihc with its gate logits' rate 1, 4 and 16 times the rest's, and for 3000 iterations beside
+    # ihc for as long (each keeps five evaluations); depth_tuned's residual and ihc runs where identical
+    gate_lr=Preset(DEPTH_STUDY, seeds="1337,1338,1339,1340,1341", learning_rates=(2e-3, 4e-3, 8e-3),
+                   baselines=("residual", "ihc"), reuse=("depth_tuned",), variants={
+                       **topologies("residual", "ihc"),
+                       **{label: args for mult in (1, 4, 16)
+                          for label, args in with_setting("norm_gated_ihc", "gate_lr_mult", mult).items()},
+                       **with_setting("norm_gated_ihc", "max_iters", 3000, "--eval_interval=750"),
+                       **with_setting("ihc", "max_iters", 3000, "--eval_interval=750")}),
+    # What hc's lead at 48 layers is made of (#37), at depth48's model, five seeds: hc's mixing made diagonal
+    # or bounded, hc on one stream (its scales alone, token-dependent or static), and the residual for the
+    # iterations hc's FLOPs per step buy (flops.py: 1119 for 1000); depth48's runs where identical. The grid
+    # is centred where every variant tuned at 48 layers chose (4e-3) and grows at an end as always
+    depth48_decomp=Preset(SWEEP_MODEL + ["--n_layer=48"], seeds="1337,1338,1339,1340,1341",
+                          learning_rates=(2e-3, 4e-3, 8e-3), baselines=("residual", "hc"), reuse=("depth48",),
+                          variants={**topologies("residual", "hc", "hc.mix_diagonal", "hc.bounded", "hc.one_stream",
+                                                 "hc.one_stream_static"),
+                                    **with_setting("residual", "max_iters", DECOMP_MATCHED,
+                                                   f"--eval_interval={-(-DECOMP_MATCHED // 4)}")}),
 )
 
 preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long, depth_tuned, depth6,
-# depth24, depth48, depth48_long, cpu_tuned
+# depth24, depth48, depth48_long, cpu_tuned, gate_lr, depth48_decomp
 variants = "all"  # comma-separated labels of the preset's variants, or all
 seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
 train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"
@@ -251,9 +281,29 @@ def last_line(out_dir):
     return lines[-1] if lines else "no output"
 
 
-def write_run_info(out_dir, arguments, finished):
+def write_run_info(out_dir, arguments, finished, reused=None):
     with open(os.path.join(out_dir, "run.json"), "w") as f:
-        json.dump(dict(arguments=arguments, finished=finished), f)
+        json.dump(dict(arguments=arguments, finished=finished, **({"reused": reused} if reused else {})), f)
+
+
+def committed_twin(run):
+    """The metrics file, relative to results/, of a run of one of the preset's `reuse`
+    studies that was trained with this run's arguments but for its out_dir (the same
+    model, data, schedule, rate and seed); None if there is none."""
+    want = [arg for arg in train_arguments(run) if not arg.startswith("--out_dir=")]
+    for study in PRESET.reuse:
+        with open(os.path.join(HERE, "results", study, "run.json")) as f:
+            info = json.load(f)
+        for name, arguments in {**info["runs"], **info.get("respelled", {})}.items():
+            if [arg for arg in arguments if not arg.startswith("--out_dir=")] == want:
+                return os.path.join(study, "metrics", name + ".jsonl")
+    return None
+
+
+def reused_from(run):
+    """Where the run's metrics were taken from (committed_twin), or None if it trained here."""
+    path = os.path.join(run_dir(run), "run.json")
+    return json.load(open(path)).get("reused") if os.path.exists(path) else None
 
 
 def dead_lock_holder(path):
@@ -310,21 +360,35 @@ def train_all():
                        machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
                                f"Python {platform.python_version()}, torch {torch.__version__}",
                        runs={run.name: train_arguments(run) for run in tuning_runs(losses) + runs},
+                       **reused_record(tuning_runs(losses) + runs),
                        **(dict(tuning_seed=tuning_seed, grid_losses=losses, chosen=choices(losses)) if grid else {})),
                   f, indent=1)
+
+
+def reused_record(runs):
+    """{"reused": {run name: the committed metrics it was taken from}}, or {} if none was."""
+    reused = {run.name: reused_from(run) for run in runs if reused_from(run)}
+    return {"reused": reused} if reused else {}
 
 
 def train_runs(runs, desc, started):
     """Train the runs not finished yet, `jobs` at a time; exit (1) naming any run
     that stopped before its end, after the others have saved."""
-    pending = []
+    pending, taken = [], 0
     for run in runs:
         arguments, out_dir = train_arguments(run), run_dir(run)
         state = run_state(out_dir, arguments)
-        if state != "done":
+        twin = committed_twin(run) if state == "new" else None
+        if twin:  # a committed run of the same arguments: its metrics, not a second training
+            os.makedirs(out_dir, exist_ok=True)
+            shutil.copyfile(os.path.join(HERE, "results", twin), os.path.join(out_dir, "metrics.jsonl"))
+            write_run_info(out_dir, arguments, finished=True, reused=twin)
+            taken += 1
+        elif state != "done":
             pending.append((out_dir, arguments, state == "resume"))
-    print(f"{desc}: {len(runs) - len(pending)} of {len(runs)} runs already finished in {runs_dir}; "
-          f"training {len(pending)}, {jobs} at a time", flush=True)
+    print(f"{desc}: {len(runs) - len(pending)} of {len(runs)} runs already finished in {runs_dir}"
+          + (f" ({taken} taken from results/: {', '.join(PRESET.reuse)})" if taken else "")
+          + f"; training {len(pending)}, {jobs} at a time", flush=True)
     env = dict(os.environ)
     if on_cpu:  # split the cores between the runs
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
@@ -457,6 +521,19 @@ def code_state():
 CODE = code_state() if train else {}
 
 
+def cpu_name():
+    """The processor's model name (Linux's /proc/cpuinfo), else platform's answer: runs
+    differ in the last bits between CPUs (AVX-512 or not), so each call records its own."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+CPU = cpu_name() if train else None
+
+
 def record_call(seconds, new_call=False):
     """Write this call (its command, minutes so far and commit) into <runs_dir>/calls.json and
     return every call so far: a study resumed over several calls keeps each call's time.
@@ -465,7 +542,7 @@ def record_call(seconds, new_call=False):
     os.makedirs(runs_dir, exist_ok=True)
     path = os.path.join(runs_dir, "calls.json")
     calls = json.load(open(path)) if os.path.exists(path) else []
-    this_call = dict(command=shlex.join(["python", *sys.argv]), minutes=round(seconds / 60, 1), **CODE)
+    this_call = dict(command=shlex.join(["python", *sys.argv]), minutes=round(seconds / 60, 1), **CODE, cpu=CPU)
     if new_call:
         calls.append(this_call)
     else:  # this call's own entry, updated
@@ -564,6 +641,11 @@ def report():
         text[-1] += (f" Made by {made}, {info['jobs']} run(s) at a time on {info['machine']}. tokens/s: over the "
                      f"whole run, with {info['jobs']} run(s) sharing the machine (`python bench.py` times the "
                      f"topologies under equal conditions).")
+        if "reused" in info:
+            text[-1] += (f" {len(info['reused'])} run(s) are committed runs of results/"
+                         f"{', results/'.join(sorted({path.split('/')[0] for path in info['reused'].values()}))} trained "
+                         f"with the same arguments, taken rather than trained again (run.json: reused), on that "
+                         f"study's machine.")
         if "respelled" in info:
             text[-1] += (" The variants' arguments are in today's spelling (respell.py); run.json keeps each run's "
                          "arguments as it ran, beside them.")
@@ -596,7 +678,8 @@ def at_commit(call):
     """', at 1a2b3c4' (with uncommitted changes), for calls recorded with their commit."""
     if not call.get("commit"):
         return ""
-    return f", at {call['commit'][:7]}" + (" with uncommitted changes" if call["uncommitted_changes"] else "")
+    return (f", at {call['commit'][:7]}" + (" with uncommitted changes" if call["uncommitted_changes"] else "")
+            + (f", on {call['cpu']}" if call.get("cpu") else ""))
 
 
 def study_record(runs):

@@ -257,16 +257,22 @@ class GPT(nn.Module):
             loss = None
         return logits, loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, gate_lr_mult=1.0):
         """AdamW; decayed: the projection matrices (Linear weights, embeddings, the
         topologies' W). Not decayed: biases, norms, and the topologies' static
-        parameters (biases b_*, scales a_* / s, HC's static pre / post / A_r)."""
+        parameters (biases b_*, scales a_* / s, HC's static pre / post / A_r). The
+        gate logits' parameters (GatedIHC's gate_proj, gate_bias) get groups of their
+        own whose rate is gate_lr_mult times the rest's: each group's lr_mult, which
+        train.py multiplies its scheduled rate by."""
         params = {name: p for name, p in self.named_parameters() if p.requires_grad}
-        decay = [p for name, p in params.items() if p.dim() >= 2 and "_static" not in name]
-        no_decay = [p for name, p in params.items() if not (p.dim() >= 2 and "_static" not in name)]
-        ids = [id(p) for p in decay + no_decay]
+        decayed = lambda name, p: p.dim() >= 2 and "_static" not in name
+        gate = lambda name: name.endswith((".gate_proj", ".gate_bias"))
+        groups = [{"params": [p for name, p in params.items() if decayed(name, p) == decay and gate(name) == gated],
+                   "weight_decay": weight_decay if decay else 0.0, "lr_mult": gate_lr_mult if gated else 1.0}
+                  for gated in (False, True) for decay in (True, False)]
+        groups = [group for group in groups if group["params"]]
+        ids = [id(p) for group in groups for p in group["params"]]
         assert len(ids) == len(set(ids)) == len(params), "every parameter must be in exactly one optimizer group"
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
 

@@ -229,12 +229,18 @@ class DynamicStreams(Streams):
         b_pre, b_post = torch.log(pre / (1 - pre)), torch.zeros(n)  # sigmoid(b_pre) = pre, 2 sigmoid(0) = 1
         self.bias = nn.Parameter(torch.cat([b_pre, b_post, mix_bias]))
 
+    def projection(self):
+        """W (n*C, 2n+K) and the bias (2n+K,)."""
+        return self.proj, self.bias
+
     def coefficients(self, h):
         """h (B,T,n,C) -> pre (B,T,n), post (B,T,n), res (B,T,K), float32"""
-        return dynamic_coefficients(h, self.proj, self.alpha, self.groups, self.bias)
+        W, bias = self.projection()
+        return dynamic_coefficients(h, W, self.alpha, self.groups, bias)
 
     def forward(self, h, sublayer):
-        x, post, res = self.ops.dynamic_read(h, self.proj, self.alpha, self.groups, self.bias)  # read
+        W, bias = self.projection()
+        x, post, res = self.ops.dynamic_read(h, W, self.alpha, self.groups, bias)  # read
         y = sublayer(x)  # compute
         return self.ops.stream_write(h, self.mix(res), post, y)  # mix and write
 
@@ -322,6 +328,18 @@ class GatedIHC(DynamicStreams):
     gate_init, so MIX = 0.9 I: a residual network whose state shrinks by 0.9 at
     each sublayer, not the plain one (its siblings below are, at any init)."""
     gate_init = 0.9
+
+    def __init__(self, config, sublayer_index, ops):
+        super().__init__(config, sublayer_index, ops)
+        # The gate logits' columns of W and entries of the bias as parameters of their
+        # own, so that train.py can give them a learning rate of their own
+        # (--gate_lr_mult): projection() joins them back, and the maths is unchanged.
+        W, bias, n = self.proj.detach(), self.bias.detach(), self.n
+        self.proj, self.gate_proj = nn.Parameter(W[:, :2 * n].clone()), nn.Parameter(W[:, 2 * n:].clone())
+        self.bias, self.gate_bias = nn.Parameter(bias[:2 * n].clone()), nn.Parameter(bias[2 * n:].clone())
+
+    def projection(self):
+        return torch.cat([self.proj, self.gate_proj], 1), torch.cat([self.bias, self.gate_bias])
 
     def mix_bias(self, n):
         return self.gate_logit(torch.full((n,), self.gate_init))

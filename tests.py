@@ -47,6 +47,7 @@ except ModuleNotFoundError as e:  # no triton (macOS, Windows): its tests skip, 
         raise
     kernels = None
 import configurator
+import flops
 import residuals
 import theory
 from model import GPT, GPTConfig, check_config, stream_ops
@@ -309,7 +310,7 @@ def test_coefficients_follow_the_papers_equations(name):
         topology.alpha.copy_(torch.tensor([0.5, 2.0, -3.0]))
     h = torch.randn(2, 3, n, width, dtype=torch.float64)
     a_pre, a_post, a_res = topology.alpha
-    W, b = topology.proj, getattr(topology, "bias", None)
+    W, b = topology.projection() if name != "hc" else (topology.proj, None)  # gated: W_res, b_res joined back
     with torch.no_grad():
         pre, post, res = topology.coefficients(h)
         if name == "hc":  # per stream, from its own normalized state
@@ -356,12 +357,12 @@ def written_out_step(topology, choices, h, sublayer):
             M = M / M.abs().sum(-1).amax(-1).clamp(min=1)[..., None, None]  # no row's absolute sum above 1
         mixed = M @ h  # (B,T,n,n) @ (B,T,n,C)
     else:
-        b = topology.bias
+        W, b = topology.projection()
         if choices.get("per_stream"):
-            z = F.rms_norm(h, (C,), eps=1e-6) @ topology.proj  # (B,T,n,2+K/n): stream i's from h_i
+            z = F.rms_norm(h, (C,), eps=1e-6) @ W  # (B,T,n,2+K/n): stream i's from h_i
             z_pre, z_post, z_res = z[..., 0], z[..., 1], z[..., 2:].flatten(-2)
         else:
-            z = F.rms_norm(h.flatten(-2), (n * C,), eps=1e-6) @ topology.proj  # (B,T,2n+K)
+            z = F.rms_norm(h.flatten(-2), (n * C,), eps=1e-6) @ W  # (B,T,2n+K)
             z_pre, z_post, z_res = z[..., :n], z[..., n:2 * n], z[..., 2 * n:]
         if choices.get("signed"):
             pre, post = b[:n] + a_pre * z_pre.tanh(), b[n:2 * n] + a_post * z_post.tanh()
@@ -760,6 +761,59 @@ def test_optimizer_groups():
     assert "transformer.ln_f.weight" not in decayed
 
 
+ALL_GATED = [name for name, T in RESIDUALS.items() if issubclass(T, residuals.GatedIHC)]  # variants too
+
+
+@pytest.mark.parametrize("name", ALL_GATED)
+def test_gate_logits_have_optimizer_groups_of_their_own(name):
+    """W_res's columns and b_res of every sublayer, and nothing else, train at gate_lr_mult times the rate."""
+    model = GPT(tiny_config(name))
+    groups = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu", gate_lr_mult=4.0).param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    multiplied = sorted(names[id(p)] for group in groups if group["lr_mult"] == 4.0 for p in group["params"])
+    want = sorted(f"transformer.h.{layer}.{sub}_topology.{p}" for layer in range(2) for sub in ("attn", "mlp")
+                  for p in ("gate_proj", "gate_bias"))
+    assert multiplied == want and all(group["lr_mult"] in (1.0, 4.0) for group in groups)
+
+
+@pytest.mark.parametrize("name", ["gated_ihc", "gated_ihc.clip"])  # others' gates get no gradient on equal streams
+def test_gate_lr_mult_scales_only_the_gate_logits_step(name, tmp_path):
+    """train.py's first AdamW step is lr * g / (|g| + eps) per element, the same
+    gradients at any --gate_lr_mult: at 4, the gate logits' parameters (W_res's
+    columns and b_res, decayed from 0 and not decayed) move exactly 4 times as far
+    as at 1, and every other parameter as far."""
+    moved = {}
+    for mult in (1, 4):
+        out_dir = tmp_path / str(mult)
+        train_here(f"--residual={name}", f"--gate_lr_mult={mult}", "--max_iters=1", "--eval_interval=1",
+                   f"--out_dir={out_dir}", *TINY, "--warmup_iters=0", "--learning_rate=0.1")  # steps far above rounding
+        torch.manual_seed(1337)  # train.py's seed: its model's init
+        init = GPT(GPTConfig(**torch.load(out_dir / "ckpt.pt", weights_only=True)["model_args"])).state_dict()
+        trained = torch.load(out_dir / "ckpt.pt", weights_only=True)["model"]
+        moved[mult] = {k: trained[k] - init[k] for k in init}
+    gate = [k for k in moved[1] if k.endswith((".gate_proj", ".gate_bias"))]
+    assert len(gate) == 2 * 2 * 2, gate  # two per sublayer, 2 layers x 2 sublayers
+    for k in moved[1]:
+        want = 4 * moved[1][k] if k in gate else moved[1][k]
+        torch.testing.assert_close(moved[4][k], want, rtol=1e-4, atol=1e-6, msg=lambda m: f"{k}: {m}")
+    assert all(moved[1][k].abs().max() > 1e-3 for k in gate), "the gates must move for the test to say anything"
+
+
+def test_gate_gradient_norm_is_logged_for_gated_topologies_only(tmp_path):
+    """The gate logits' gradient norm at the first iteration (--log_interval=1). On
+    the equal step-0 streams mean_gated_ihc's MIX = J + g (I - J) gives J h whatever
+    g is: 0 there (to float32 rounding, ~1e-11), while the global norm is ~1. gated_ihc's diag(g) h
+    does depend on g: above 0, and below the global norm it is part of. No gates,
+    no column."""
+    for name in ("mean_gated_ihc", "gated_ihc", "ihc"):
+        train_here(f"--residual={name}", "--max_iters=1", "--eval_interval=1", "--log_interval=1",
+                   f"--out_dir={tmp_path / name}", *TINY)
+    (mean_gated,), (gated,) = (metrics(tmp_path / name, "grad_norm") for name in ("mean_gated_ihc", "gated_ihc"))
+    assert mean_gated["gate_grad_norm"] < 1e-6 * mean_gated["grad_norm"], mean_gated
+    assert 0 < gated["gate_grad_norm"] < gated["grad_norm"], gated
+    assert "gate_grad_norm" not in metrics(tmp_path / "ihc", "grad_norm")[0]
+
+
 @pytest.mark.parametrize("name", ["residual", "hc", "mhc", "mhc_lite", "ihc", "gated_ihc.clip", "norm_gated_ihc"])
 def test_composite_gain_is_one_at_init(name):
     """Where MIX is I at step 0 (gated_ihc and mean_gated_ihc start at g = 0.9: their P shrinks)."""
@@ -829,7 +883,7 @@ def test_gate_logits_outside_the_clip_are_counted(name, logits):
     torch.manual_seed(0)
     model = GPT(tiny_config(name))
     with torch.no_grad():  # W = 0 at init: the gate logits are their biases
-        model.transformer.h[0].attn_topology.bias[8:].copy_(torch.tensor(logits))
+        model.transformer.h[0].attn_topology.gate_bias.copy_(torch.tensor(logits))
     report = model.diagnostics(torch.randint(0, 65, (2, 16)))
     assert report["gate_logits_clipped"][0] == 0.5, report
 
@@ -864,7 +918,7 @@ def test_model_trains_under_bfloat16_autocast(name, kernels):
 
 
 @IMPLS
-@pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
+@pytest.mark.parametrize("name", STREAM_TOPOLOGIES + ["hc.one_stream"])  # and hc at n = 1
 def test_model_matches_reference(name, impl):
     """A small GPT whose stream ops are fused.py's or kernels.py's has the loss and
     every parameter gradient of the same GPT with residuals.py's ops (float32,
@@ -874,7 +928,7 @@ def test_model_matches_reference(name, impl):
     results = {}
     for kernels in ("reference", impl):
         torch.manual_seed(0)
-        model = GPT(tiny_config(name, n_streams=4, n_embd=24, kernels=kernels))
+        model = GPT(tiny_config(name, n_embd=24, kernels=kernels))
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.05 * torch.randn_like(p))
@@ -1033,6 +1087,7 @@ def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stde
     (["--max_iters=five"], "--max_iters=five: expected a value of type int"),
     (["--residual=mhc_lite", "--n_streams=6"], "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
     (["--residual=residual", "--n_streams=4"], "residual 'residual' needs n_streams exactly 1, got 4"),
+    (["--residual=ihc", "--gate_lr_mult=4"], "gate_lr_mult: 'ihc' has no gates; it applies to gated_ihc, "),
 ])
 def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
     status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
@@ -1954,6 +2009,32 @@ def test_kernels_compile_without_spills(arch, ns):
 
 
 # =============================================================================
+# flops.py
+# =============================================================================
+
+def test_residual_flops_are_nanogpts_count():
+    """nanoGPT's estimate_mfu: 6 N + 12 L T C training FLOPs per token, N the weights
+    the tokens pass through (all but the position embedding), counted here from the
+    model itself; flops.py adds the LayerNorms and the residual adds, < 1% at 48 x 64."""
+    shape = dict(n_layer=48, n_embd=64, block_size=64, vocab_size=65)
+    model = GPT(GPTConfig(**shape, n_head=4, bias=False))
+    N = sum(p.numel() for name, p in model.named_parameters() if "wpe" not in name and "ln_" not in name)
+    nanogpt = 6 * N + 12 * 48 * 64 * 64
+    counted = 3 * flops.residual_forward_flops(**shape)
+    assert nanogpt <= counted <= 1.01 * nanogpt, (counted, nanogpt)
+
+
+def test_flop_matched_iterations():
+    """hc's extra FLOPs at 48 x 64, n = 4: 96 sublayers x 6896 forward, + 256 for the
+    streams' average; the residual's 2 (12 L C^2 + 2 L T C + V C) + LayerNorms + adds
+    = 5,550,528. 1000 x (1 + 662,272 / 5,550,528) = 1119.3."""
+    shape = dict(n_layer=48, n_embd=64, block_size=64, vocab_size=65)
+    assert flops.hc_extra_forward_flops(48, 64, 4) == 96 * 6896 + 256
+    assert flops.residual_forward_flops(**shape) == 2 * (12 * 48 * 64 ** 2 + 2 * 48 * 64 * 64 + 65 * 64) + 5 * 64 * 97 + 64 * 96
+    assert flops.flop_matched_iters(1000, n_streams=4, **shape) == 1119
+
+
+# =============================================================================
 # compare.py
 # =============================================================================
 
@@ -1967,6 +2048,29 @@ def compare_arguments(out, *args):
 
 def compare(out, *args, check=True):
     return run(*compare_arguments(out, *args), check=check)
+
+
+def test_compare_takes_committed_runs_of_the_same_arguments(tmp_path, monkeypatch):
+    """gate_lr reuses depth_tuned: its residual and ihc runs (12 x 64, the same grid
+    and seeds) are taken, tuning runs too, none trained (starting train.py raises
+    here), and the table has depth_tuned's numbers; run.json names each source."""
+    popen = subprocess.Popen
+
+    def no_training(command, *args, **kwargs):
+        assert not any(str(part).endswith("train.py") for part in command), f"trained: {command}"
+        return popen(command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", no_training)
+    status, out, err = run_in_this_process("compare.py", "--preset=gate_lr", "--variants=residual,ihc",
+                                           "--seeds=1337,1338,1339", f"--runs_dir={tmp_path / 'runs'}",
+                                           f"--results_dir={tmp_path / 'results'}", "--progress=lines")
+    assert status == 0, err
+    assert "runs: 6 of 6 runs already finished" in out and "(6 taken from results/: depth_tuned)" in out, out
+    rows = lambda path: {line.split(" | ")[0]: line.split(" | ")[1] for line in open(path)
+                         if line.startswith("| `residual`") or line.startswith("| `ihc`")}
+    assert rows(tmp_path / "results" / "results.md") == rows(os.path.join(ROOT, "results", "depth_tuned", "results.md"))
+    reused = json.loads((tmp_path / "results" / "run.json").read_text())["reused"]
+    assert reused["ihc-s1338"] == "depth_tuned/metrics/ihc-s1338.jsonl" and len(reused) == 13, reused
 
 
 @pytest.fixture(scope="module")

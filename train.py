@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from configurator import check_ranges, choose_device, config_keys, configure, fail
 from model import GPT, KERNELS, GPTConfig, check_config, load_checkpoint, stream_ops
+from residuals import GatedIHC
 from prepare import DATA_DIR, DATASETS, get_batch, prepare_dataset
 from variants import RESIDUALS
 
@@ -70,6 +71,7 @@ decay_lr = True
 warmup_iters = 100
 lr_decay_iters = 0  # 0: max_iters
 min_lr = 4e-4  # unless set, a tenth of learning_rate (nanoGPT's ratio), so the schedule keeps its shape
+gate_lr_mult = 1.0  # gated topologies: the gate logits' parameters train at this times the rate
 # system
 device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
@@ -85,7 +87,7 @@ RANGES = dict(
     batch_size="[1, inf)", block_size="[1, inf)",  # shorter than the validation split, checked with the data
     n_layer="[1, inf)", n_head="[1, inf)", n_embd="[1, inf)", dropout="[0, 1)",  # n_head divides n_embd: check_config
     n_streams="[1, inf) or 0", alpha_init="[0, inf)", sinkhorn_iters="[1, inf)",  # each topology's n: check_config
-    learning_rate="(0, inf)", max_iters="[1, inf)", weight_decay="[0, inf)", beta1="[0, 1)", beta2="[0, 1)",
+    learning_rate="(0, inf)", gate_lr_mult="(0, inf)", max_iters="[1, inf)", weight_decay="[0, inf)", beta1="[0, 1)", beta2="[0, 1)",
     grad_clip="[0, inf)", warmup_iters="[0, inf)", lr_decay_iters="[1, inf) or 0", min_lr="[0, learning_rate]",
     seed="[0, 4294967295]",  # 2^32 - 1, the usual largest seed (numpy's); torch overflows past 2^64
 )
@@ -104,6 +106,10 @@ check_ranges(globals(), RANGES)
 # --- check every setting before any work, so a mistake costs nothing --------
 if residual not in RESIDUALS:
     fail(f"unknown residual '{residual}'; choose one of: {', '.join(RESIDUALS)}")
+gated = issubclass(RESIDUALS[residual], GatedIHC)
+if gate_lr_mult != 1.0 and not gated:
+    fail(f"gate_lr_mult: '{residual}' has no gates; it applies to "
+         + ", ".join(name for name, T in RESIDUALS.items() if issubclass(T, GatedIHC)))
 choices = dict(init_from=("scratch", "resume"), kernels=("auto", *KERNELS), progress=("auto", "bar", "lines", "False"))
 for key, allowed in choices.items():
     if globals()[key] not in allowed:
@@ -198,7 +204,8 @@ if checkpoint is not None:
     data_rng.set_state(checkpoint["data_rng_state"])
 model.to(device)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, gate_lr_mult)
+gate_params = [p for name, p in model.named_parameters() if name.endswith((".gate_proj", ".gate_bias"))]
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
 raw_model = model  # saved without the compile / DDP wrappers
@@ -320,8 +327,9 @@ if progress == "auto":
 bar = tqdm(total=max_iters, initial=iter_num, desc=residual, disable=not (master and progress == "bar"),
            dynamic_ncols=True)
 tokens_since_eval, train_time_since_eval = 0, 0.0
-unread_losses = []  # (iteration, loss, gradient norm on the device) the host has not looked at yet
+unread_losses = []  # (iteration, loss, gradient norm, the gate logits' on the device) the host has not read yet
 last_loss, last_grad_norm, max_grad_norm = float("nan"), float("nan"), 0.0  # max: since the last progress line
+gate_grad_norms = []  # gated topologies: the gate logits' gradient norm at each iteration since the last progress line
 reported = (time.time(), iter_num)  # the last report: training time is measured from it, evaluations excluded
 
 
@@ -332,16 +340,18 @@ def read_losses():
     global last_loss, last_grad_norm, max_grad_norm
     if not unread_losses:
         return
-    values = torch.stack([torch.stack([loss, norm.float()]) for _, loss, norm in unread_losses]).tolist()
-    for (it, _, _), (value, norm) in zip(unread_losses, values):
+    values = torch.stack([torch.stack([loss, norm.float(), gate.float()]) for _, loss, norm, gate in unread_losses])
+    values = values.tolist()
+    for (it, _, _, _), (value, norm, gate_norm) in zip(unread_losses, values):
         max_grad_norm = max(max_grad_norm, norm)
+        gate_grad_norms.append(gate_norm)
         if not math.isfinite(value):
             bar.close()
             print(f"error: loss is {value} at iteration {it}; stopped without saving ({last_checkpoint()}). "
                   f"Try a lower --learning_rate or --dtype=float32", file=sys.stderr)
             sys.exit(1)
     unread_losses.clear()
-    last_loss, last_grad_norm = values[-1]
+    last_loss, last_grad_norm = values[-1][:2]
 
 
 def last_checkpoint():
@@ -373,11 +383,14 @@ def report():
     if iter_num % log_interval == 0:
         tok_s = iters * tokens_per_iter / dt
         if master:
-            log_metrics(dict(iter=iter_num, loss=last_loss, grad_norm=last_grad_norm, grad_norm_max=max_grad_norm, lr=lr))
+            gates = dict(gate_grad_norm=sum(gate_grad_norms) / len(gate_grad_norms)) if gated and gate_grad_norms else {}
+            log_metrics(dict(iter=iter_num, loss=last_loss, grad_norm=last_grad_norm, grad_norm_max=max_grad_norm, lr=lr,
+                             **gates))
         if progress == "lines" and master:
             print(f"iter {iter_num}: loss {last_loss:.4f}, grad norm {last_grad_norm:.3f}, time {1e3 * dt / iters:.1f} ms, "
                   f"{tok_s:,.0f} tokens/s, lr {lr:.1e}", flush=True)
         max_grad_norm = 0.0
+        gate_grad_norms.clear()
         bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.1e}")
 
 
@@ -389,7 +402,7 @@ while True:
         stop()
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group["lr_mult"]
     if iter_num % eval_interval == 0 or iter_num == max_iters:
         try:
             evaluating = True
@@ -424,10 +437,14 @@ while True:
             loss = loss / gradient_accumulation_steps
         scaler.scale(loss).backward()
     scaler.unscale_(optimizer)  # (a no-op without float16's GradScaler)
-    # The global gradient norm before clipping, kept on the device like the loss.
+    # The global gradient norm before clipping, kept on the device like the loss; and the gate logits' (mean
+    # over a progress interval in metrics.jsonl), which says how hard training pushes the gates.
+    gate_norm = (torch.nn.utils.get_total_norm([p.grad for p in gate_params]) if gate_params
+                 else torch.zeros((), device=device))
     grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip) if grad_clip != 0.0
                  else torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
-    unread_losses.append((iter_num, loss.detach() * gradient_accumulation_steps, grad_norm.detach()))
+    unread_losses.append((iter_num, loss.detach() * gradient_accumulation_steps, grad_norm.detach(),
+                          gate_norm.detach()))
     if device_type == "cuda":
         # No host-device sync here: the fused AdamW (model.configure_optimizers on CUDA)
         # skips its whole update (weights, moments, step count) on the device where

@@ -88,6 +88,30 @@ class HCNonnegativeBounded(HCNonnegative):
 
 
 # -----------------------------------------------------------------------------
+# hc on one stream (the 48-layer decomposition study): with nothing to mix, what
+# is left of hc is a learned scale on the skip and on the branch of each
+# sublayer. Step 0: every scale is 1, the residual network.
+
+
+class HCOneStream(HyperConnection):
+    """hc.one_stream: hc at n = 1, x' = a(x) x + b(x) F(c(x) x), where a, b and c
+    are hc's A_r, post and pre: a static 1 plus s tanh(RMSNorm(x) @ W), per token."""
+    n_streams_allowed = (1, 1)
+    default_n_streams = 1
+
+
+class HCOneStreamStatic(HCOneStream):
+    """hc.one_stream_static: x' = a x + b F(c x) with a, b, c learned scalars per
+    sublayer and no token-dependent part (the LayerScale / SkipInit / DeepNorm
+    family: a scale on the skip and one on the branch; c is kept from hc, though
+    the sublayer's pre-norm makes F(c x) = F(x) for c > 0 but for LayerNorm's eps)."""
+
+    def __init__(self, config, sublayer_index, ops):
+        super().__init__(config, sublayer_index, ops)
+        self.groups.zero_()  # s_pre, s_post, s_res scale nothing: W gets no gradient and stays 0
+
+
+# -----------------------------------------------------------------------------
 # hc's read and write given to ihc, one choice at a time (the hc_ablation study).
 # The fast paths fuse only mHC's coefficients with the read; here the
 # coefficients are computed in plain PyTorch and only the read is fast.
@@ -262,6 +286,8 @@ VARIANTS = {
     "hc.mix_diagonal_bounded": HCMixDiagonalBounded,
     "hc.nonnegative": HCNonnegative,
     "hc.nonnegative_bounded": HCNonnegativeBounded,
+    "hc.one_stream": HCOneStream,
+    "hc.one_stream_static": HCOneStreamStatic,
     "ihc.stream": IHCStream,
     "ihc.signed": IHCSigned,
     "ihc.signed_one_hot": IHCSignedOneHot,

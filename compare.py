@@ -261,7 +261,7 @@ def train_arguments(run):
 def run_state(out_dir, arguments):
     """'done', 'resume' or 'new'. A checkpoint made with other arguments is an
     error: its numbers would not belong to this comparison."""
-    if not os.path.exists(os.path.join(out_dir, "ckpt.pt")):
+    if not os.path.exists(os.path.join(out_dir, "ckpt.pt")) and not diverged(out_dir):
         return "new"  # nothing trained yet (or a run that failed at once, e.g. a mistyped --train_args)
     info_path = os.path.join(out_dir, "run.json")
     if not os.path.exists(info_path):
@@ -272,6 +272,12 @@ def run_state(out_dir, arguments):
         fail(f"{out_dir} was trained with other arguments ({shlex.join(info['arguments'])}); "
              f"use another --runs_dir or delete it")
     return "done" if info["finished"] else "resume"
+
+
+def diverged(out_dir):
+    """Whether train.py stopped the run at a non-finite loss (its metrics' "diverged" row)."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    return os.path.exists(path) and any("diverged" in json.loads(line) for line in open(path))
 
 
 def last_line(out_dir):
@@ -427,6 +433,12 @@ def train_runs(runs, desc, started):
                     if progress == "lines":
                         print(f"{desc}: run {finished} of {total} finished: {os.path.relpath(out_dir, runs_dir)} "
                               f"({(time.time() - started) / 60:.1f} min into this call)", flush=True)
+                elif desc == "tuning" and diverged(out_dir):  # that rate's result: the grid goes on
+                    write_run_info(out_dir, arguments, finished=True)
+                    bar.update(1)
+                    finished += 1
+                    print(f"{desc}: {os.path.relpath(out_dir, runs_dir)} diverged ({last_line(out_dir)}); "
+                          f"counted as that rate's loss, infinite", flush=True)
                 else:  # a failure, or a signal (exit 130/143): start nothing new, let the others save
                     stopped.append(f"{out_dir} (exit {process.returncode}: {last_line(out_dir)})")
                     pending.clear()
@@ -468,12 +480,15 @@ def tune(train, source):
 
 
 def final_val_loss(source, run):
+    """The run's last evaluation; inf for a run whose loss stopped being finite (train.py's "diverged" row)."""
     path = (os.path.join(source, run.name, "metrics.jsonl") if source == runs_dir
             else os.path.join(source, run.name + ".jsonl"))
     if not os.path.exists(path):
         fail(f"no metrics for {run.name} in {source}; train it first (--train=True)")
     with open(path) as f:
-        return [row for row in map(json.loads, f) if "val_loss" in row][-1]["val_loss"]
+        rows = [json.loads(line) for line in f]
+    return math.inf if any("diverged" in row for row in rows) else [row for row in rows if "val_loss" in row][-1][
+        "val_loss"]
 
 
 def choices(losses):
@@ -498,8 +513,8 @@ def grid_table(losses):
              "|" + "---|" * (len(rates) + 2)]
     for label, by_rate in losses.items():
         best = min(by_rate, key=by_rate.get)
-        cells = ["" if rate not in by_rate else f"**{by_rate[rate]:.4f}**" if rate == best else f"{by_rate[rate]:.4f}"
-                 for rate in rates]
+        cells = ["" if rate not in by_rate else "diverged" if by_rate[rate] == math.inf else
+                 f"**{by_rate[rate]:.4f}**" if rate == best else f"{by_rate[rate]:.4f}" for rate in rates]
         end = (" (lowest rate tried: the best may be lower)" if best == min(by_rate) else
                " (highest rate tried: the best may be higher)" if best == max(by_rate) else "")
         lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {best:g}{end} |")

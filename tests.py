@@ -2050,6 +2050,19 @@ def compare(out, *args, check=True):
     return run(*compare_arguments(out, *args), check=check)
 
 
+@slow
+def test_compare_counts_a_diverged_tuning_run_as_an_infinite_loss(tmp_path):
+    """At 1000 the tiny model's loss is NaN within a few iterations (train.py stops it
+    and writes a "diverged" row): the grid goes on, the rate is never chosen, and the
+    grid table says diverged; a second call trains nothing again."""
+    compare(tmp_path, "--variants=residual", "--seeds=1", "--learning_rates=1e-3,1000", "--extend=0")
+    text = (tmp_path / "results" / "results.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `residual` |") and "diverged" in line)
+    assert row.endswith("| 0.001 (lowest rate tried: the best may be lower) |"), row
+    again = compare(tmp_path, "--variants=residual", "--seeds=1", "--learning_rates=1e-3,1000", "--extend=0")
+    assert "tuning: 2 of 2 runs already finished" in again.stdout, again.stdout
+
+
 def test_compare_takes_committed_runs_of_the_same_arguments(tmp_path, monkeypatch):
     """gate_lr reuses depth_tuned: its residual and ihc runs (12 x 64, the same grid
     and seeds) are taken, tuning runs too, none trained (starting train.py raises
@@ -2380,7 +2393,9 @@ def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
     assert [os.path.basename(call["command"].split()[1]) for call in record["calls"]] == ["compare.py", "compare.py"]
     assert record["runs"] == {"ihc-s3": json.loads((tmp_path / "stopped" / "ihc-s3" / "run.json").read_text())["arguments"]}
     first = record["calls"][0]  # and the commit each call ran at, with or without changes to tracked files
-    at = f", at {first['commit'][:7]}" + (" with uncommitted changes" if first["uncommitted_changes"] else "")
+    at = (f", at {first['commit'][:7]}" + (" with uncommitted changes" if first["uncommitted_changes"] else "")
+          + f", on {first['cpu']}")  # and the processor, which the last bits of a run depend on
+    assert first["cpu"] and first["cpu"] == record["calls"][1]["cpu"]
     assert first["commit"] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                              text=True).stdout.strip()
     assert f"({first['minutes']} min{at}) then " in (tmp_path / "r2" / "results.md").read_text()

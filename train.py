@@ -346,6 +346,8 @@ def read_losses():
         max_grad_norm = max(max_grad_norm, norm)
         gate_grad_norms.append(gate_norm)
         if not math.isfinite(value):
+            if master:  # on record: compare.py counts a diverged run of a rate grid as that rate's failure
+                log_metrics(dict(iter=it, diverged=str(value)))
             bar.close()
             print(f"error: loss is {value} at iteration {it}; stopped without saving ({last_checkpoint()}). "
                   f"Try a lower --learning_rate or --dtype=float32", file=sys.stderr)

@@ -1,0 +1,741 @@
+"""
+The comparison: named variants of the residual stream trained side by side,
+several seeds each, then one results table and four plots from the runs'
+metrics.jsonl. A preset fixes train.py's arguments for every run, its variants
+(a label and the variant's own train.py arguments) and its seeds.
+
+    python -m lab.compare                  # CPU: 8 topologies x 3 seeds of train.py's CPU model (~95 min on 2 cores)
+    python -m lab.compare --preset=gpu     # one GPU: nanoGPT's 6 x 384 shakespeare_char model, one run at a time
+    python -m lab.compare --preset=gates   # CPU: 11 variants (gate options) x 3 seeds, CPU model (~2 hours on 2 cores)
+    python -m lab.compare --preset=depth   # CPU: 8 variants x 3 seeds, a deeper 12 x 64 model (~50 min on 2 cores)
+    python -m lab.compare --preset=hc_ablation  # CPU: why hc wins at depth, 10 variants x 3 seeds (~75 min on 2 cores)
+    python -m lab.compare --preset=hc_sign_gain  # CPU: hc's mixing kept non-negative and/or bounded, 5 x 3 (~70 min)
+    python -m lab.compare --preset=depth_long  # CPU: the depth model for 3000 iterations, 4 variants x 3 seeds (~100 min)
+    python -m lab.compare --preset=depth_tuned  # CPU: the depth study with every variant at its own best learning rate
+    python -m lab.compare --preset=depth48_long  # CPU: residual and hc at 48 x 64 for 2000 iterations (~80 min)
+    python -m lab.compare --variants=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
+
+Each run is `python train.py <preset's arguments> <--train_args> <variant's arguments>
+--seed=S --out_dir=<runs_dir>/<label>-sS`; its output goes to train.log beside
+its checkpoint. On the CPU presets the runs go `jobs` at a time, the cores split
+between them: at this model size two one-thread runs on 2 cores get through ~1.6x
+the tokens of one run on both (ops this small do not split well over threads).
+Nothing is lost: a finished run is not trained again, an interrupted one (Ctrl-C,
+a crash, a reboot) resumes from its last checkpoint when the command is rerun,
+and a run directory made with other settings is an error, never mixed in.
+
+A preset with a learning-rate grid compares fairly: each variant first trains at
+every rate of the grid on the tuning seed, a seed the comparison does not use; its
+rate is the one with the lowest final val loss there. Where that is an end of the
+grid, the grid grows by its own ratio on that side (up to --extend times) until the
+best rate lies inside it; a best rate still at an end is reported as such. Then
+the comparison's seeds train each variant at its chosen rate. min_lr, where the
+cosine schedule ends, follows the rate at a tenth of it (nanoGPT's 1e-3 and 1e-4
+have the same ratio), so every rate gets the same schedule's shape. A preset
+without a grid trains every variant at its one rate, 1e-3 unless it says; every
+run is given its rate, so no record depends on train.py's default.
+
+Writes to results_dir: results.md (the table, the command, the machine),
+val_loss.png, gain.png, grad_norm.png, gates.png (gated variants only), and
+metrics/<label>-sS.jsonl, a copy of every run's metrics (metrics/tuning/ for the
+tuning runs), and run.json, the record: every call's command, minutes and commit,
+each run's arguments, the grid's losses and the choices. --train=False redraws
+everything from the metrics, byte for byte, and chooses the same rates.
+"""
+import atexit
+import itertools
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from typing import NamedTuple
+
+import torch
+from tqdm import tqdm
+
+from configurator import check_ranges, configure, fail
+from lab.flops import flop_matched_iters
+from lab.plot import draw, read_metrics
+from residuals import TOPOLOGIES
+from lab.stats import mean_std, paired, paired_cell
+
+
+class Preset(NamedTuple):
+    args: list  # train.py's arguments for every run
+    variants: dict  # label -> the variant's own train.py arguments, in the table's order
+    seeds: str = "1337,1338,1339"
+    baselines: tuple = ("residual", "ihc")  # a paired column for each that is among the chosen variants
+    learning_rates: tuple = ()  # a grid: each variant at its best rate on tuning_seed; (): all at `rate`
+    rate: float = 1e-3  # without a grid, every variant's learning rate: nanoGPT's, that of the one-rate studies
+    tuning_seed: int = 1336  # chooses the rates; never one of the comparison's seeds
+    rates_from: dict = {}  # label -> the variant whose chosen rate it trains at, untuned (where the budget forces it)
+    reuse: tuple = ()  # committed studies (results/<name>) whose runs with this preset's arguments are taken, not trained
+
+
+class Run(NamedTuple):
+    """One train.py run: a variant, a seed and its learning rate."""
+    label: str
+    seed: int
+    rate: float
+    tuning: bool = False  # a run of the grid on the tuning seed
+
+    @property
+    def name(self):  # its run directory's and metrics file's name
+        if self.tuning:
+            return os.path.join("tuning", f"{self.label}-lr{self.rate:g}-s{self.seed}")
+        return f"{self.label}-s{self.seed}"
+
+
+def topologies(*names):
+    """One variant per topology (or study variant), labelled with its name."""
+    return {name: [f"--residual={name}"] for name in names}
+
+
+def with_setting(name, key, value, *measuring):
+    """A variant trained with one more train.py setting, labelled `name+key=value`;
+    `measuring`: arguments that change what is recorded, not what is trained (the
+    evaluation interval of a longer run, which keeps its number of evaluations)."""
+    return {f"{name}+{key}={value}": [f"--residual={name}", f"--{key}={value}", *measuring]}
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))  # lab/: its results/ and README.md
+ROOT = os.path.dirname(HERE)  # the tutorial: train.py, config/
+DEPTH_MODEL = ["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4"]  # the depth studies' model, 12 x 64
+DEPTH_STUDY = DEPTH_MODEL + ["--max_iters=1000"]
+SWEEP_MODEL = ["--device=cpu", "--n_embd=64", "--n_head=4", "--max_iters=1000"]  # then --n_layer, the depth
+SWEEP = topologies("residual", "hc", "mhc", "ihc", "norm_gated_ihc")
+DECOMP_MATCHED = flop_matched_iters(1000, n_layer=48, n_embd=64, block_size=64, vocab_size=65, n_streams=4)  # 1119
+# Labels name run directories and files: letters, digits and _ . + = only. A study's label is the variant's name
+# (variants.py) where it can be; the gates study compares gate options against the clip gate, its baseline
+# there, so its labels name what each changes from norm_gated_ihc.clip.
+PRESETS = dict(
+    cpu=Preset(["--device=cpu"], topologies(*TOPOLOGIES)),
+    gpu=Preset([os.path.join(ROOT, "config", "train_shakespeare_char.py"), "--device=cuda"], topologies(*TOPOLOGIES)),
+    # norm_gated_ihc's gate options beside the topologies they sit between; train.py's CPU model
+    gates=Preset(["--device=cpu"], baselines=("residual", "ihc", "norm_gated_ihc"), variants={
+        **topologies("residual", "ihc"),
+        "gated_ihc": ["--residual=gated_ihc.clip"],  # norm_gated_ihc with c_max = 1: no amplification
+        "norm_gated_ihc": ["--residual=norm_gated_ihc.clip"],
+        **topologies("norm_gated_ihc.hard_sigmoid"),  # the clip's forward, its true gradient
+        "norm_gated_ihc.stretched_sigmoid": ["--residual=norm_gated_ihc.init1"],  # norm_gated_ihc's gate, from 1
+        **topologies("norm_gated_ihc.binary", "norm_gated_ihc.hard_concrete"),
+        "norm_gated_ihc.init0.9": ["--residual=norm_gated_ihc.clip_init0.9"],  # inside the clip, not on its edge
+        "norm_gated_ihc.static": ["--residual=norm_gated_ihc.clip", "--alpha_init=0"],  # no dynamic part
+        "norm_gated_ihc.deviations": ["--residual=norm_gated_ihc.clip_deviations"],
+    }),
+    # three times the CPU model's depth at half its width (12 x 64, about as many weights as 4 x 128),
+    # half its iterations; norm_gated_ihc with its own gate and with the clip gate
+    depth=Preset(DEPTH_STUDY, topologies("residual", "hc", "mhc", "mhc_lite", "ihc", "mean_gated_ihc", "norm_gated_ihc",
+                                         "norm_gated_ihc.clip")),
+    # why hc wins at depth: its mixing taken away part by part, and its read and write given to ihc one
+    # choice at a time (variants.py; hc.mix_identity is ihc with all three choices at once)
+    hc_ablation=Preset(DEPTH_STUDY, baselines=("hc", "ihc"), variants=topologies(
+        "hc", "hc.mix_static", "hc.mix_diagonal", "hc.mix_identity", "hc.bounded", "hc.mix_diagonal_bounded",
+        "ihc", "ihc.stream", "ihc.signed", "ihc.signed_one_hot")),
+    # which property of hc's mixing wins: its signs and its gain, two by two, paired against hc and against
+    # mhc, whose mixing is both non-negative and bounded (doubly stochastic)
+    hc_sign_gain=Preset(DEPTH_STUDY, baselines=("hc", "mhc"), variants=topologies(
+        "hc", "hc.nonnegative", "hc.bounded", "hc.nonnegative_bounded", "mhc")),
+    # the depth model trained three times as long: does the ranking hold, does hc's gain grow into instability?
+    depth_long=Preset(DEPTH_MODEL + ["--max_iters=3000"], baselines=("hc", "ihc"),
+                      variants=topologies("residual", "ihc", "hc", "hc.mix_diagonal")),
+    # the depth study's conclusions rechecked with every variant at its own best learning rate (chosen on seed
+    # 1336 from the grid, which grows where a best rate lands on its end)
+    depth_tuned=Preset(DEPTH_STUDY, baselines=("residual", "ihc", "hc"), learning_rates=(2e-3, 4e-3, 8e-3),
+                       variants=topologies("residual", "hc", "mhc", "ihc", "norm_gated_ihc", "hc.bounded",
+                                           "hc.mix_identity")),
+    # train.py's CPU model (the quick start's) with every topology at its own best rate
+    cpu_tuned=Preset(["--device=cpu"], topologies(*TOPOLOGIES), learning_rates=(2e-3, 4e-3, 8e-3)),
+    # the depth sweep (depth_sweep.py draws it across depth): width 64, 1000 iterations, 6 to 48 layers (12 is
+    # depth_tuned), each topology at its own best rate for that depth; at 48 layers the budget tunes residual,
+    # hc and ihc, and mhc and norm_gated_ihc train at ihc's rate
+    depth6=Preset(SWEEP_MODEL + ["--n_layer=6"], learning_rates=(4e-3, 8e-3, 1.6e-2), variants=SWEEP),
+    depth24=Preset(SWEEP_MODEL + ["--n_layer=24"], learning_rates=(2e-3, 4e-3, 8e-3), variants=SWEEP),
+    depth48=Preset(SWEEP_MODEL + ["--n_layer=48"], learning_rates=(1e-3, 2e-3, 4e-3), variants=SWEEP,
+                   rates_from={"mhc": "ihc", "norm_gated_ihc": "ihc"}),
+    # depth48's residual and hc for twice the iterations: does hc's lead at 48 layers last? Both at 4e-3,
+    # the rate each chose at 1000 iterations (the budget could not tune at this length)
+    depth48_long=Preset(["--device=cpu", "--n_embd=64", "--n_head=4", "--n_layer=48", "--max_iters=2000"],
+                        topologies("hc", "residual"), baselines=("residual",), rate=4e-3),
+    # Is the gate's reset-and-reuse reached when its logits may move (#38)? 12 x 64 as depth_tuned, five seeds:
+    # norm_gated_ihc with its gate logits' rate 1, 4 and 16 times the rest's, and for 3000 iterations beside
+    # ihc for as long (each keeps five evaluations); depth_tuned's residual and ihc runs where identical
+    gate_lr=Preset(DEPTH_STUDY, seeds="1337,1338,1339,1340,1341", learning_rates=(2e-3, 4e-3, 8e-3),
+                   baselines=("residual", "ihc"), reuse=("depth_tuned",), variants={
+                       **topologies("residual", "ihc"),
+                       **{label: args for mult in (1, 4, 16)
+                          for label, args in with_setting("norm_gated_ihc", "gate_lr_mult", mult).items()},
+                       **with_setting("norm_gated_ihc", "max_iters", 3000, "--eval_interval=750"),
+                       **with_setting("ihc", "max_iters", 3000, "--eval_interval=750")}),
+    # What hc's lead at 48 layers is made of (#37), at depth48's model, five seeds: hc's mixing made diagonal
+    # or bounded, hc on one stream (its scales alone, token-dependent or static), and the residual for the
+    # iterations hc's FLOPs per step buy (flops.py: 1119 for 1000); depth48's runs where identical. The grid
+    # is centred where every variant tuned at 48 layers chose (4e-3) and grows at an end as always
+    depth48_decomp=Preset(SWEEP_MODEL + ["--n_layer=48"], seeds="1337,1338,1339,1340,1341",
+                          learning_rates=(2e-3, 4e-3, 8e-3), baselines=("residual", "hc"), reuse=("depth48",),
+                          variants={**topologies("residual", "hc", "hc.mix_diagonal", "hc.bounded", "hc.one_stream",
+                                                 "hc.one_stream_static"),
+                                    **with_setting("residual", "max_iters", DECOMP_MATCHED,
+                                                   f"--eval_interval={-(-DECOMP_MATCHED // 4)}")}),
+)
+
+preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long, depth_tuned, depth6,
+# depth24, depth48, depth48_long, cpu_tuned, gate_lr, depth48_decomp
+variants = "all"  # comma-separated labels of the preset's variants, or all
+seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
+train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"
+learning_rates = ""  # comma-separated grid, e.g. 1e-3,2e-3,4e-3; "" means the preset's (none: train.py's rate)
+tuning_seed = 0  # the seed the grid is trained on; 0 means the preset's (1336)
+extend = 2  # times the grid may grow on one side while a variant's best rate is at that end
+jobs = 0  # runs at a time; 0: one per CPU core on the CPU presets, 1 on gpu
+runs_dir = ""  # "" means compare-<preset>
+results_dir = ""  # "" means lab/results/<preset>
+train = True  # False: only redraw the table and plots from <results_dir>/metrics
+progress = "auto"  # auto: a bar if stderr is a terminal, else a line per finished run (as train.py); bar; lines
+# Every numeric setting's allowed values (configurator.check_ranges); "or 0": 0 means what its comment says
+RANGES = dict(tuning_seed="[1, 4294967295] or 0", extend="[0, inf)", jobs="[1, inf) or 0")  # seeds as train.py's
+configure(globals())
+check_ranges(globals(), RANGES)
+
+if preset not in PRESETS:
+    fail(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")
+PRESET = PRESETS[preset]
+labels = list(PRESET.variants) if variants == "all" else variants.split(",")
+if any(label not in PRESET.variants for label in labels) or len(set(labels)) != len(labels):
+    fail(f"--variants={variants}: each must be one of {', '.join(PRESET.variants)} (or all), once")
+seeds = seeds or PRESET.seeds
+try:
+    seed_list = [int(s) for s in seeds.split(",")]
+except ValueError:
+    fail(f"--seeds={seeds}: expected comma-separated integers, e.g. 1337,1338,1339")
+if len(set(seed_list)) != len(seed_list):
+    fail(f"--seeds={seeds}: a seed is listed twice")
+try:
+    grid = sorted(float(r) for r in learning_rates.split(",")) if learning_rates else sorted(PRESET.learning_rates)
+except ValueError:
+    fail(f"--learning_rates={learning_rates}: expected comma-separated positive numbers, e.g. 1e-3,2e-3,4e-3")
+if any(r <= 0 for r in grid) or len(set(grid)) != len(grid) or len(grid) == 1:
+    fail(f"--learning_rates={learning_rates}: expected at least two distinct positive rates, e.g. 1e-3,2e-3,4e-3")
+tuning_seed = tuning_seed or PRESET.tuning_seed
+if grid and tuning_seed in seed_list:
+    fail(f"--tuning_seed={tuning_seed} is one of the comparison's seeds ({seeds}): the rates must be chosen on "
+         f"a seed the comparison does not use")
+if progress not in ("auto", "bar", "lines"):
+    fail(f"--progress={progress}: choose one of auto, bar, lines")
+progress = ("bar" if sys.stderr.isatty() else "lines") if progress == "auto" else progress
+on_cpu = "--device=cpu" in PRESET.args
+jobs = jobs or ((os.cpu_count() or 1) if on_cpu else 1)
+runs_dir = runs_dir or f"compare-{preset}"
+results_dir = results_dir or os.path.join(HERE, "results", preset)
+metrics_dir = os.path.join(results_dir, "metrics")
+
+
+def comparison_runs(chosen):
+    """Every variant at every seed, seed-major (a stopped comparison has whole seeds),
+    at its chosen rate: {label: rate}."""
+    return [Run(label, seed, chosen[label]) for seed in seed_list for label in labels]
+
+
+def run_dir(run):
+    return os.path.join(runs_dir, run.name)
+
+
+def rate_arguments(rate):
+    """A run's learning rate and the rate its cosine schedule ends at, always given to
+    train.py (a record never depends on its defaults, which may change); None: none."""
+    return [] if rate is None else [f"--learning_rate={rate:g}", f"--min_lr={rate / 10:g}"]
+
+
+def train_arguments(run):
+    """train.py's arguments for one run; run.json keeps them to recognise the run."""
+    return PRESET.args + shlex.split(train_args) + PRESET.variants[run.label] + rate_arguments(run.rate) + [
+        f"--seed={run.seed}", f"--out_dir={run_dir(run)}", "--progress=False"]
+
+
+def run_state(out_dir, arguments):
+    """'done', 'resume' or 'new'. A checkpoint made with other arguments is an
+    error: its numbers would not belong to this comparison."""
+    if not os.path.exists(os.path.join(out_dir, "ckpt.pt")) and not diverged(out_dir):
+        return "new"  # nothing trained yet (or a run that failed at once, e.g. a mistyped --train_args)
+    info_path = os.path.join(out_dir, "run.json")
+    if not os.path.exists(info_path):
+        fail(f"{out_dir} holds a checkpoint that compare.py did not start; use another --runs_dir")
+    with open(info_path) as f:
+        info = json.load(f)
+    if info["arguments"] != arguments:
+        fail(f"{out_dir} was trained with other arguments ({shlex.join(info['arguments'])}); "
+             f"use another --runs_dir or delete it")
+    return "done" if info["finished"] else "resume"
+
+
+def diverged(out_dir):
+    """Whether train.py stopped the run at a non-finite loss (its metrics' "diverged" row)."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    return os.path.exists(path) and any("diverged" in json.loads(line) for line in open(path))
+
+
+def last_line(out_dir):
+    """The last line of a run's train.log: train.py's error, or where it saved."""
+    with open(os.path.join(out_dir, "train.log")) as f:
+        lines = [line.strip() for line in f if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def write_run_info(out_dir, arguments, finished, reused=None):
+    with open(os.path.join(out_dir, "run.json"), "w") as f:
+        json.dump(dict(arguments=arguments, finished=finished, **({"reused": reused} if reused else {})), f)
+
+
+def committed_twin(run):
+    """The metrics file, relative to results/, of a run of one of the preset's `reuse`
+    studies that was trained with this run's arguments but for its out_dir (the same
+    model, data, schedule, rate and seed); None if there is none."""
+    want = [arg for arg in train_arguments(run) if not arg.startswith("--out_dir=")]
+    for study in PRESET.reuse:
+        with open(os.path.join(HERE, "results", study, "run.json")) as f:
+            info = json.load(f)
+        for name, arguments in {**info["runs"], **info.get("respelled", {})}.items():
+            if [arg for arg in arguments if not arg.startswith("--out_dir=")] == want:
+                return os.path.join(study, "metrics", name + ".jsonl")
+    return None
+
+
+def reused_from(run):
+    """Where the run's metrics were taken from (committed_twin), or None if it trained here."""
+    path = os.path.join(run_dir(run), "run.json")
+    return json.load(open(path)).get("reused") if os.path.exists(path) else None
+
+
+def dead_lock_holder(path):
+    """The PID in the lock at `path` if that process has ended (killed outright, so its
+    lock stayed), else None. Where that cannot be asked (Windows, where os.kill(pid, 0)
+    would end the process), or the file names no process, the lock stands: None."""
+    if os.name != "posix":
+        return None
+    try:
+        pid = int(open(path).read().split()[0])
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return pid
+    except (OSError, ValueError, IndexError):  # no such file, no PID in it, another user's process
+        return None
+    return None
+
+
+def claim_runs_dir():
+    """One call at a time per runs_dir: two would both start (or resume) the same
+    unfinished runs. The lock goes when the call ends, however it ends but killed; a
+    killed call's lock (its process gone) is taken over, with a line that says so."""
+    os.makedirs(runs_dir, exist_ok=True)
+    path = os.path.join(runs_dir, "compare.lock")
+    pid = dead_lock_holder(path)
+    if pid is not None:
+        print(f"{path}: the call that wrote it ({pid}) is no longer running; taking it over")
+        os.remove(path)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        fail(f"{path} exists: another compare.py is training in {runs_dir}; if none is (one was killed), "
+             f"delete the file and rerun")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()} {shlex.join(['python', '-m', 'lab.compare', *sys.argv[1:]])}\n")
+    atexit.register(os.remove, path)
+
+
+def train_all():
+    """Train every run not finished yet, `jobs` at a time: the grid on the tuning seed
+    first (if the preset has one), then the comparison at the chosen rates. Ctrl-C or
+    SIGTERM: the running ones save a checkpoint and stop; the next call resumes them."""
+    claim_runs_dir()
+    started = time.time()
+    record_call(0, new_call=True)  # on record from its start: a call killed outright keeps what it got done
+    losses = tune(lambda runs: train_runs(runs, "tuning", started), runs_dir)
+    runs = comparison_runs(choices(losses))
+    train_runs(runs, "runs", started)
+    for run in tuning_runs(losses) + runs:
+        os.makedirs(os.path.dirname(os.path.join(metrics_dir, run.name)), exist_ok=True)
+        shutil.copyfile(os.path.join(run_dir(run), "metrics.jsonl"), os.path.join(metrics_dir, run.name + ".jsonl"))
+    with open(os.path.join(results_dir, "run.json"), "w") as f:  # the study's record: --train=False keeps it
+        json.dump(dict(calls=record_call(time.time() - started), jobs=jobs,
+                       machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
+                               f"Python {platform.python_version()}, torch {torch.__version__}",
+                       runs={run.name: train_arguments(run) for run in tuning_runs(losses) + runs},
+                       **reused_record(tuning_runs(losses) + runs),
+                       **(dict(tuning_seed=tuning_seed, grid_losses=losses, chosen=choices(losses)) if grid else {})),
+                  f, indent=1)
+
+
+def reused_record(runs):
+    """{"reused": {run name: the committed metrics it was taken from}}, or {} if none was."""
+    reused = {run.name: reused_from(run) for run in runs if reused_from(run)}
+    return {"reused": reused} if reused else {}
+
+
+def train_runs(runs, desc, started):
+    """Train the runs not finished yet, `jobs` at a time; exit (1) naming any run
+    that stopped before its end, after the others have saved."""
+    pending, taken = [], 0
+    for run in runs:
+        arguments, out_dir = train_arguments(run), run_dir(run)
+        state = run_state(out_dir, arguments)
+        twin = committed_twin(run) if state == "new" else None
+        if twin:  # a committed run of the same arguments: its metrics, not a second training
+            os.makedirs(out_dir, exist_ok=True)
+            shutil.copyfile(os.path.join(HERE, "results", twin), os.path.join(out_dir, "metrics.jsonl"))
+            write_run_info(out_dir, arguments, finished=True, reused=twin)
+            taken += 1
+        elif state != "done":
+            pending.append((out_dir, arguments, state == "resume"))
+    print(f"{desc}: {len(runs) - len(pending)} of {len(runs)} runs already finished in {runs_dir}"
+          + (f" ({taken} taken from results/: {', '.join(PRESET.reuse)})" if taken else "")
+          + f"; training {len(pending)}, {jobs} at a time", flush=True)
+    env = dict(os.environ)
+    if on_cpu:  # split the cores between the runs
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    running, stopped = {}, []  # out_dir -> (arguments, process); out_dirs that did not finish
+
+    def stop(signum, frame):  # Ctrl-C reaches the runs from the terminal; SIGTERM is passed on
+        pending.clear()
+        for _, process in running.values():
+            process.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    total, finished = len(pending), 0
+    with tqdm(total=total, desc=desc, unit="run", dynamic_ncols=True, disable=progress != "bar") as bar:
+        while pending or running:
+            while pending and len(running) < jobs:
+                out_dir, arguments, resume = pending.pop(0)
+                os.makedirs(out_dir, exist_ok=True)
+                write_run_info(out_dir, arguments, finished=False)
+                command = [sys.executable, os.path.join(ROOT, "train.py"), *arguments]
+                command += ["--init_from=resume"] if resume else []
+                with open(os.path.join(out_dir, "train.log"), "a" if resume else "w") as log:
+                    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+                running[out_dir] = (arguments, process)
+                bar.set_postfix_str(", ".join(os.path.basename(d) for d in running))
+            time.sleep(0.2)
+            for out_dir, (arguments, process) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[out_dir]
+                if process.returncode == 0:
+                    write_run_info(out_dir, arguments, finished=True)
+                    bar.update(1)
+                    finished += 1
+                    record_call(time.time() - started)
+                    if progress == "lines":
+                        print(f"{desc}: run {finished} of {total} finished: {os.path.relpath(out_dir, runs_dir)} "
+                              f"({(time.time() - started) / 60:.1f} min into this call)", flush=True)
+                elif desc == "tuning" and diverged(out_dir):  # that rate's result: the grid goes on
+                    write_run_info(out_dir, arguments, finished=True)
+                    bar.update(1)
+                    finished += 1
+                    print(f"{desc}: {os.path.relpath(out_dir, runs_dir)} diverged ({last_line(out_dir)}); "
+                          f"counted as that rate's loss, infinite", flush=True)
+                else:  # a failure, or a signal (exit 130/143): start nothing new, let the others save
+                    stopped.append(f"{out_dir} (exit {process.returncode}: {last_line(out_dir)})")
+                    pending.clear()
+    record_call(time.time() - started)
+    if stopped:
+        print(f"error: {len(stopped)} run(s) stopped before the end: {'; '.join(stopped)}. "
+              f"Rerun the same command to resume", file=sys.stderr)
+        sys.exit(1)
+
+
+# --- choosing each variant's learning rate ---------------------------------------
+
+
+def tune(train, source):
+    """{label: {rate: final val loss on the tuning seed}}, the grid's runs trained by
+    train(runs) and read from source (runs_dir, or metrics_dir to redraw); {} without
+    a grid. A variant whose best rate is an end of its grid gets one more rate beyond
+    that end, at the grid's ratio there, up to `extend` times. Only the tuning seed's
+    runs are read: no comparison seed can move a choice."""
+    if not grid:
+        return {}
+    tuned = dict.fromkeys(PRESET.rates_from.get(label, label) for label in labels)  # in order, once each
+    rates = {label: list(grid) for label in tuned}
+    for growth in itertools.count():
+        runs = [Run(label, tuning_seed, rate, tuning=True) for label in tuned for rate in rates[label]]
+        train(runs)
+        losses = {label: {} for label in tuned}
+        for run in runs:
+            losses[run.label][run.rate] = final_val_loss(source, run)
+        grown = False
+        for label, rates_ in rates.items():
+            best = min(rates_, key=losses[label].get)
+            if growth < extend and best in (rates_[0], rates_[-1]):
+                beyond = rates_[0] ** 2 / rates_[1] if best == rates_[0] else rates_[-1] ** 2 / rates_[-2]
+                rates_.insert(0 if best == rates_[0] else len(rates_), float(f"{beyond:.3g}"))
+                grown = True
+        if not grown:
+            return losses
+
+
+def final_val_loss(source, run):
+    """The run's last evaluation; inf for a run whose loss stopped being finite (train.py's "diverged" row)."""
+    path = (os.path.join(source, run.name, "metrics.jsonl") if source == runs_dir
+            else os.path.join(source, run.name + ".jsonl"))
+    if not os.path.exists(path):
+        fail(f"no metrics for {run.name} in {source}; train it first (--train=True)")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    return math.inf if any("diverged" in row for row in rows) else [row for row in rows if "val_loss" in row][-1][
+        "val_loss"]
+
+
+def choices(losses):
+    """{label: the rate with the lowest final val loss on the tuning seed} for every
+    chosen variant, a variant in rates_from at the rate of the one it names; without a
+    grid, the preset's one rate for all."""
+    if not grid:
+        return dict.fromkeys(labels, PRESET.rate)
+    best = {label: min(by_rate, key=by_rate.get) for label, by_rate in losses.items()}
+    return {label: best[PRESET.rates_from.get(label, label)] for label in labels}
+
+
+def tuning_runs(losses):
+    return [Run(label, tuning_seed, rate, tuning=True) for label, by_rate in losses.items() for rate in by_rate]
+
+
+def grid_table(losses):
+    """Each variant's final val loss on the tuning seed at each rate it trained at, the
+    chosen one in bold, and whether that choice is an end of the grid it grew to."""
+    rates = sorted({rate for by_rate in losses.values() for rate in by_rate})
+    lines = ["| variant | " + " | ".join(f"lr {rate:g}" for rate in rates) + " | chosen |",
+             "|" + "---|" * (len(rates) + 2)]
+    for label, by_rate in losses.items():
+        best = min(by_rate, key=by_rate.get)
+        cells = ["" if rate not in by_rate else "diverged" if by_rate[rate] == math.inf else
+                 f"**{by_rate[rate]:.4f}**" if rate == best else f"{by_rate[rate]:.4f}" for rate in rates]
+        end = (" (lowest rate tried: the best may be lower)" if best == min(by_rate) else
+               " (highest rate tried: the best may be higher)" if best == max(by_rate) else "")
+        lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {best:g}{end} |")
+    return "\n".join(lines)
+
+
+def code_state():
+    """The commit the code was at and whether tracked files had uncommitted changes
+    (the runs directories are not tracked); None for both outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        return dict(commit=git("rev-parse", "HEAD"), uncommitted_changes=bool(git("status", "--porcelain",
+                                                                                  "--untracked-files=no")))
+    except (OSError, subprocess.CalledProcessError):
+        return dict(commit=None, uncommitted_changes=None)
+
+
+CODE = code_state() if train else {}
+
+
+def cpu_name():
+    """The processor's model name (Linux's /proc/cpuinfo), else platform's answer: runs
+    differ in the last bits between CPUs (AVX-512 or not), so each call records its own."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+CPU = cpu_name() if train else None
+
+
+def record_call(seconds, new_call=False):
+    """Write this call (its command, minutes so far and commit) into <runs_dir>/calls.json and
+    return every call so far: a study resumed over several calls keeps each call's time.
+    The call is written at its start and after each finished run, so one killed without
+    a chance to clean up (kill -9, a reboot) still counts up to its last finished run."""
+    os.makedirs(runs_dir, exist_ok=True)
+    path = os.path.join(runs_dir, "calls.json")
+    calls = json.load(open(path)) if os.path.exists(path) else []
+    this_call = dict(command=shlex.join(["python", "-m", "lab.compare", *sys.argv[1:]]), minutes=round(seconds / 60, 1),
+                     **CODE, cpu=CPU)
+    if new_call:
+        calls.append(this_call)
+    else:  # this call's own entry, updated
+        calls[-1] = this_call
+    with open(path + ".tmp", "w") as f:
+        json.dump(calls, f)
+    os.replace(path + ".tmp", path)
+    return calls
+
+
+# --- the report ----------------------------------------------------------------
+
+
+def load_metrics(runs):
+    """{label: [rows of seed 1, rows of seed 2, ...]} from <results_dir>/metrics, twice:
+    the evaluations (val_loss) and the progress rows (grad_norm)."""
+    paths = {run.name: os.path.join(metrics_dir, run.name + ".jsonl") for run in runs}
+    missing = [name for name, path in paths.items() if not os.path.exists(path)]
+    if missing:
+        fail(f"no metrics in {metrics_dir} for {', '.join(missing)}; train them first (--train=True)")
+    curves, progress = ({label: [] for label in labels} for _ in range(2))
+    for run in runs:
+        evaluations, progress_rows = read_metrics(paths[run.name])
+        curves[run.label].append(evaluations)
+        progress[run.label].append(progress_rows)
+    return curves, progress
+
+
+def summarize(curves, progress):
+    """One row per variant: final and best val loss over seeds, the final val loss
+    minus the residual's (and the ihc's) at the same seed, training speed, the
+    largest composite gain and gradient norm seen during training.
+
+    A seed fixes the initialization, the order of the training batches and the
+    evaluation batches, the same for every variant: so seeds differ by more than
+    variants may, and the paired difference to a baseline at the same seed
+    separates the variant's effect from the seed's."""
+    rows = {}
+    for label, seed_rows in curves.items():
+        finals = [run_rows[-1]["val_loss"] for run_rows in seed_rows]
+        speed = [statistics.mean(r["tokens_per_sec"] for r in run_rows if r["iter"] > 0) for run_rows in seed_rows]
+        rows[label] = dict(final=mean_std(finals),
+                           best=mean_std([min(r["val_loss"] for r in run_rows) for run_rows in seed_rows]),
+                           tokens_per_sec=statistics.mean(speed),
+                           gain_forward=max(r["gain_forward"] for run_rows in seed_rows for r in run_rows),
+                           gain_backward=max(r["gain_backward"] for run_rows in seed_rows for r in run_rows),
+                           minutes=statistics.mean(run_rows[-1]["elapsed_s"] for run_rows in seed_rows) / 60)
+        for base in PRESET.baselines:
+            if base in curves:
+                rows[label][f"vs_{base}"] = paired([final - base_rows[-1]["val_loss"]
+                                                    for final, base_rows in zip(finals, curves[base])])
+        rows[label]["grad_norm_max"] = statistics.mean(max(r["grad_norm_max"] for r in run_rows)
+                                                       for run_rows in progress[label])
+    return rows
+
+
+def table(rows):
+    base = rows["residual"]["tokens_per_sec"] if "residual" in rows else None
+    baselines = [name for name in PRESET.baselines if name in rows]
+    columns = ["variant", "final val loss", "best val loss"] + [f"minus {name}'s: mean [95% CI], p, signs"
+                                                                for name in baselines]
+    columns += ["tokens/s vs residual" if base else "tokens/s", "max gain fwd / bwd"]
+    columns += ["max grad norm", "min per run"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for label, row in rows.items():
+        cells = [f"`{label}`"] + [f"{mean:.4f}" + ("" if math.isnan(std) else f" ± {std:.4f}")
+                                  for mean, std in (row["final"], row["best"])]
+        cells += [paired_cell(row[f"vs_{name}"]) if label != name else "" for name in baselines]
+        cells += [f"{row['tokens_per_sec'] / base:.2f}x" if base else f"{row['tokens_per_sec']:,.0f}"]
+        cells += [f"{row['gain_forward']:.3f} / {row['gain_backward']:.3f}"]
+        cells += [f"{row['grad_norm_max']:.2f}", f"{row['minutes']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report():
+    losses = tune(lambda runs: None, metrics_dir)  # the same choices, from the copies of the tuning runs
+    chosen = choices(losses)
+    runs = comparison_runs(chosen)
+    curves, progress = load_metrics(runs)
+    if len({len(run_rows) for seed_rows in curves.values() for run_rows in seed_rows}) != 1:
+        fail(f"the runs in {metrics_dir} have different numbers of evaluations: train them with the same settings")
+    rows = summarize(curves, progress)
+    plots = [f"![{title}]({name})" for name, title in draw(curves, progress, results_dir)]
+    info = study_record(tuning_runs(losses) + runs)
+    shown_args = [os.path.relpath(arg, ROOT) if arg.startswith(ROOT) else arg
+                  for arg in PRESET.args + shlex.split(train_args) + ([] if grid else rate_arguments(PRESET.rate))]
+    variant_rates = chosen if grid else dict.fromkeys(labels)  # one rate for all is shown once, above
+    text = [f"# Residual topologies compared ({preset} preset)", "",
+            f"Each run: `python train.py {shlex.join(shown_args)} <the variant's arguments> --seed=S`, "
+            f"seeds {', '.join(map(str, seed_list))}. Variants: "
+            + ", ".join(f"`{label}` (`{shlex.join(PRESET.variants[label] + rate_arguments(variant_rates[label]))}`)"
+                        for label in labels) + "."]
+    if info:
+        made = " then ".join(f"`{call['command']}` ({call['minutes']} min{at_commit(call)})" for call in info["calls"])
+        text[-1] += (f" Made by {made}, {info['jobs']} run(s) at a time on {info['machine']}. tokens/s: over the "
+                     f"whole run, with {info['jobs']} run(s) sharing the machine (`python -m lab.bench` times the "
+                     f"topologies under equal conditions).")
+        if "reused" in info:
+            text[-1] += (f" {len(info['reused'])} run(s) are committed runs of results/"
+                         f"{', results/'.join(sorted({path.split('/')[0] for path in info['reused'].values()}))} trained "
+                         f"with the same arguments, taken rather than trained again (run.json: reused), on that "
+                         f"study's machine.")
+        if "respelled" in info:
+            text[-1] += (" The variants' arguments are in today's spelling (run.json's respelled, which respell.py "
+                         "wrote: it is in the history at a3bbcb4); run.json keeps each run's arguments as it ran, "
+                         "beside them.")
+    text += ["", "Loss: mean ± standard deviation over the seeds (final: the last evaluation). A seed fixes the "
+             "initialization, the batch order and the evaluation batches, the same for every variant, so the "
+             "final loss minus a baseline's at the same seed is the sharper comparison: its mean over the seeds, "
+             "the 95% confidence interval of that mean (Student's t), the two-sided paired t-test's p, and each "
+             "seed's sign (-: the variant's loss is the lower). A difference whose interval holds 0 is within "
+             "noise, whatever its signs. Max grad norm: the largest global gradient norm before clipping in a "
+             "run, mean over seeds.", "", table(rows), ""]
+    if grid:
+        text += [f"Learning rates: each variant trains at its own, chosen on seed {tuning_seed}, which the "
+                 f"comparison does not use: the rate of the lowest final val loss there, from the grid "
+                 f"{', '.join(f'{rate:g}' for rate in grid)}, grown by its ratio on a side where the best rate "
+                 f"was its end (up to --extend={extend} times). min_lr is a tenth of the rate. Final val loss on seed "
+                 f"{tuning_seed} at each rate (bold: the chosen one):", "", grid_table(losses), ""]
+        borrowed = [f"`{label}` trains at `{PRESET.rates_from[label]}`'s rate" for label in labels
+                    if label in PRESET.rates_from]
+        text[-1:-1] = [", ".join(borrowed) + ", untuned: the budget did not cover its grid.", ""] if borrowed else []
+    text += [line for plot in plots for line in (plot, "")]
+    with open(os.path.join(results_dir, "results.md"), "w") as f:
+        f.write("\n".join(text))
+    tuned = "\n\n" + grid_table(losses) if grid else ""
+    update_results_readme(text[2] + "\n\n" + table(rows) + tuned)  # what was run, by which command, where; the tables
+    print(table(rows))
+    print(f"wrote {results_dir}/results.md and the plots")
+
+
+def at_commit(call):
+    """', at 1a2b3c4' (with uncommitted changes), for calls recorded with their commit."""
+    if not call.get("commit"):
+        return ""
+    return (f", at {call['commit'][:7]}" + (" with uncommitted changes" if call["uncommitted_changes"] else "")
+            + (f", on {call['cpu']}" if call.get("cpu") else ""))
+
+
+def study_record(runs):
+    """<results_dir>/run.json as train_all wrote it. Its runs must be this report's: a
+    results folder trained with other arguments is an error, never a mislabelled table."""
+    path = os.path.join(results_dir, "run.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        info = json.load(f)
+    spelled = {**info["runs"], **info.get("respelled", {})}  # today's spelling where respell.py wrote one
+    differ = [run.name for run in runs if spelled.get(run.name) != train_arguments(run)]
+    if differ:
+        fail(f"{path}: {', '.join(differ)} were trained with other arguments than --preset={preset} gives "
+             f"now; train them again (delete {metrics_dir}) or redraw with the settings they had")
+    return info
+
+
+def update_results_readme(block):
+    """The runs and the table in the README above the results folder (lab/README.md
+    for lab/results/<study>), between its marker lines for this study, if it has
+    them: that page quotes compare.py's tables, never numbers typed by hand."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(results_dir))), "README.md")
+    begin, end = f"<!-- compare.py table: {os.path.basename(os.path.normpath(results_dir))} -->", "<!-- end of table -->"
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        text = f.read()
+    if begin not in text:
+        return
+    head, rest = text.split(begin, 1)
+    if end not in rest:
+        fail(f"{path}: the line {begin} has no {end} after it")
+    with open(path + ".tmp", "w") as f:
+        f.write(head + begin + "\n" + block + "\n" + end + rest.split(end, 1)[1])
+    os.replace(path + ".tmp", path)
+
+
+if train:
+    train_all()
+report()

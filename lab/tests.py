@@ -1,0 +1,542 @@
+"""
+The lab's tests: python -m pytest lab/tests.py (the quick check: -m "not slow").
+compare.py (its presets, resuming, the redraw of every committed study, the
+tuning grid), flops.py, plot.py, depth_sweep.py, bench.py and gpu_check.sh.
+"""
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import matplotlib.figure
+import pytest
+import torch
+
+from conftest import ROOT, TINY, command_of, metrics, run, run_in_this_process, slow, train_here
+from lab import flops
+from model import GPT, GPTConfig
+from residuals import TOPOLOGIES
+
+LAB = os.path.join(ROOT, "lab")
+
+
+# =============================================================================
+# flops.py
+# =============================================================================
+
+def test_residual_flops_are_nanogpts_count():
+    """nanoGPT's estimate_mfu: 6 N + 12 L T C training FLOPs per token, N the weights
+    the tokens pass through (all but the position embedding), counted here from the
+    model itself; flops.py adds the LayerNorms and the residual adds, < 1% at 48 x 64."""
+    shape = dict(n_layer=48, n_embd=64, block_size=64, vocab_size=65)
+    model = GPT(GPTConfig(**shape, n_head=4, bias=False))
+    N = sum(p.numel() for name, p in model.named_parameters() if "wpe" not in name and "ln_" not in name)
+    nanogpt = 6 * N + 12 * 48 * 64 * 64
+    counted = 3 * flops.residual_forward_flops(**shape)
+    assert nanogpt <= counted <= 1.01 * nanogpt, (counted, nanogpt)
+
+
+def test_flop_matched_iterations():
+    """hc's extra FLOPs at 48 x 64, n = 4: 96 sublayers x 6896 forward, + 256 for the
+    streams' average; the residual's 2 (12 L C^2 + 2 L T C + V C) + LayerNorms + adds
+    = 5,550,528. 1000 x (1 + 662,272 / 5,550,528) = 1119.3."""
+    shape = dict(n_layer=48, n_embd=64, block_size=64, vocab_size=65)
+    assert flops.hc_extra_forward_flops(48, 64, 4) == 96 * 6896 + 256
+    assert flops.residual_forward_flops(**shape) == 2 * (12 * 48 * 64 ** 2 + 2 * 48 * 64 * 64 + 65 * 64) + 5 * 64 * 97 + 64 * 96
+    assert flops.flop_matched_iters(1000, n_streams=4, **shape) == 1119
+
+
+# =============================================================================
+# compare.py
+# =============================================================================
+
+@pytest.mark.parametrize("script, args, message", [
+    ("lab/bench.py", ["--device=tpu"], "no benchmark section for device 'tpu'; choose one of: cpu, cuda"),
+    ("lab/bench.py", ["--rounds=many"], "--rounds=many: expected a value of type int"),
+    ("lab/bench.py", ["--profile=residual"], "--profile takes a topology other than residual, with --device=cpu"),
+    ("lab/compare.py", ["--variants=mhc,MHC"], "--variants=mhc,MHC: each must be one of " + ", ".join(TOPOLOGIES)),
+    ("lab/compare.py", ["--variants=bogus"], "--variants=bogus: each must be one of " + ", ".join(TOPOLOGIES)),
+    ("lab/compare.py", ["--preset=gates", "--variants=hc"], "--variants=hc: each must be one of residual, ihc, gated_ihc, "
+     "norm_gated_ihc, norm_gated_ihc.hard_sigmoid, norm_gated_ihc.stretched_sigmoid, norm_gated_ihc.binary, "
+     "norm_gated_ihc.hard_concrete, norm_gated_ihc.init0.9, norm_gated_ihc.static, norm_gated_ihc.deviations (or all)"),
+    ("lab/compare.py", ["--seeds=1,x"], "--seeds=1,x: expected comma-separated integers"),
+    ("lab/compare.py", ["--seeds=1,1"], "--seeds=1,1: a seed is listed twice"),
+    ("lab/compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long"),
+    ("lab/compare.py", ["--train=False", "--results_dir=nowhere"], "no metrics in nowhere/metrics for residual-s1337, hc-s1337"),
+])
+def test_lab_scripts_reject_mistakes_in_one_line(script, args, message):
+    status, _, stderr = run_in_this_process(script, *args)
+    assert status == 2 and message in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+COMPARE_TRAIN_ARGS = " ".join(["--max_iters=30", "--eval_interval=15", *TINY[:-2]])  # compare.py adds device, progress
+
+
+def compare_arguments(out, *args):
+    return ["lab/compare.py", f"--runs_dir={out / 'runs'}", f"--results_dir={out / 'results'}",
+            f"--train_args={COMPARE_TRAIN_ARGS}", *args]
+
+
+def compare(out, *args, check=True):
+    return run(*compare_arguments(out, *args), check=check)
+
+
+@slow
+def test_compare_counts_a_diverged_tuning_run_as_an_infinite_loss(tmp_path):
+    """At 1000 the tiny model's loss is NaN within a few iterations (train.py stops it
+    and writes a "diverged" row): the grid goes on, the rate is never chosen, and the
+    grid table says diverged; a second call trains nothing again."""
+    compare(tmp_path, "--variants=residual", "--seeds=1", "--learning_rates=1e-3,1000", "--extend=0")
+    text = (tmp_path / "results" / "results.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `residual` |") and "diverged" in line)
+    assert row.endswith("| 0.001 (lowest rate tried: the best may be lower) |"), row
+    again = compare(tmp_path, "--variants=residual", "--seeds=1", "--learning_rates=1e-3,1000", "--extend=0")
+    assert "tuning: 2 of 2 runs already finished" in again.stdout, again.stdout
+
+
+def test_compare_takes_committed_runs_of_the_same_arguments(tmp_path, monkeypatch):
+    """gate_lr reuses depth_tuned: its residual and ihc runs (12 x 64, the same grid
+    and seeds) are taken, tuning runs too, none trained (starting train.py raises
+    here), and the table has depth_tuned's numbers; run.json names each source."""
+    popen = subprocess.Popen
+
+    def no_training(command, *args, **kwargs):
+        assert not any(str(part).endswith("train.py") for part in command), f"trained: {command}"
+        return popen(command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", no_training)
+    status, out, err = run_in_this_process("lab/compare.py", "--preset=gate_lr", "--variants=residual,ihc",
+                                           "--seeds=1337,1338,1339", f"--runs_dir={tmp_path / 'runs'}",
+                                           f"--results_dir={tmp_path / 'results'}", "--progress=lines")
+    assert status == 0, err
+    assert "runs: 6 of 6 runs already finished" in out and "(6 taken from results/: depth_tuned)" in out, out
+    rows = lambda path: {line.split(" | ")[0]: line.split(" | ")[1] for line in open(path)
+                         if line.startswith("| `residual`") or line.startswith("| `ihc`")}
+    assert rows(tmp_path / "results" / "results.md") == rows(os.path.join(LAB, "results", "depth_tuned", "results.md"))
+    reused = json.loads((tmp_path / "results" / "run.json").read_text())["reused"]
+    assert reused["ihc-s1338"] == "depth_tuned/metrics/ihc-s1338.jsonl" and len(reused) == 13, reused
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """One comparison (residual and gated_ihc, 3 seeds) shared by the table and redraw tests."""
+    out = tmp_path_factory.mktemp("compared")
+    result = compare(out, "--variants=residual,gated_ihc", "--seeds=1,2,3")
+    return out, result.stdout + result.stderr
+
+
+@slow
+def test_compare_table_summarises_every_seed(compared):
+    tmp_path, _ = compared
+    table = (tmp_path / "results" / "results.md").read_text()
+    for name in ("residual", "gated_ihc"):
+        runs = [metrics(tmp_path / "runs" / f"{name}-s{seed}") for seed in (1, 2, 3)]
+        finals = [rows[-1]["val_loss"] for rows in runs]
+        bests = [min(r["val_loss"] for r in rows) for rows in runs]
+        assert finals[0] != finals[1], "each run must get its own seed"
+        assert (f"| `{name}` | {statistics.mean(finals):.4f} ± {statistics.stdev(finals):.4f} "
+                f"| {statistics.mean(bests):.4f} ± {statistics.stdev(bests):.4f} |") in table, table
+        for seed in (1, 2, 3):  # the copies the plots can be redrawn from: evaluations and progress rows
+            copied = (tmp_path / "results" / "metrics" / f"{name}-s{seed}.jsonl").read_text()
+            assert copied == (tmp_path / "runs" / f"{name}-s{seed}" / "metrics.jsonl").read_text()
+    residual, gated = ([metrics(tmp_path / "runs" / f"{name}-s{seed}")[-1]["val_loss"] for seed in (1, 2, 3)]
+                       for name in ("residual", "gated_ihc"))
+    paired = [g - r for g, r in zip(gated, residual)]  # the same seed: the same batches and evaluation batches
+    mean, sem = statistics.mean(paired), statistics.stdev(paired) / math.sqrt(3)
+    half = 4.302653 * sem  # Student's t table: 97.5% point at 2 degrees of freedom
+    p = 1 - abs(mean / sem) / math.sqrt((mean / sem) ** 2 + 2)  # two-sided, exact at 2 dof: 1 - |t| / sqrt(t^2 + 2)
+    signs = "".join("-" if d < 0 else "+" for d in paired)
+    assert f"| {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}], p {p:.3f}, {signs} | " in table, table
+    assert "| `residual` |" in table and "|  | 1.00x |" in table  # no column of the residual against itself
+    for name in ("residual", "gated_ihc"):  # the largest gradient norm of each run, mean over seeds; then the minutes
+        runs = [tmp_path / "runs" / f"{name}-s{seed}" for seed in (1, 2, 3)]
+        grad = statistics.mean(max(r["grad_norm_max"] for r in metrics(run, "grad_norm")) for run in runs)
+        minutes = statistics.mean(metrics(run)[-1]["elapsed_s"] for run in runs) / 60
+        assert f"| {grad:.2f} | {minutes:.1f} |\n" in table, table
+    for plot in ("val_loss.png", "gain.png", "grad_norm.png", "gates.png"):
+        assert (tmp_path / "results" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@slow
+def test_compare_redraws_the_table_and_plots_byte_for_byte(compared, tmp_path):
+    """--train=False rewrites results.md and every plot from the metrics copies, the same
+    bytes; in a log (not a terminal) progress is a plain line per finished run."""
+    out, output = compared
+    assert "run 6 of 6 finished: " in output and "\r" not in output
+    results = tmp_path / "results"
+    shutil.copytree(out / "results", results)
+    drawn = {path.name: path.read_bytes() for path in results.iterdir() if path.suffix in (".md", ".png")}
+    assert set(drawn) == {"results.md", "val_loss.png", "gain.png", "grad_norm.png", "gates.png"}
+    for name in drawn:
+        (results / name).unlink()  # the redraw must write each file again, not find it
+    redraw = ["lab/compare.py", f"--runs_dir={out / 'runs'}", f"--results_dir={results}", "--variants=residual,gated_ihc",
+              "--seeds=1,2,3", "--train=False"]
+    run(*redraw, f"--train_args={COMPARE_TRAIN_ARGS}")
+    redrawn = {path.name: path.read_bytes() for path in results.iterdir() if path.suffix in (".md", ".png")}
+    assert [name for name in drawn if redrawn.get(name) != drawn[name]] == []
+    status, _, stderr = run_in_this_process(*redraw, "--train_args=--max_iters=31")  # not what these runs had
+    assert status == 2 and "were trained with other arguments" in stderr, stderr
+
+
+COMMITTED = sorted(name for name in os.listdir(os.path.join(LAB, "results"))
+                   if os.path.exists(os.path.join(LAB, "results", name, "run.json")))
+
+
+@pytest.mark.parametrize("preset", COMMITTED)
+def test_committed_results_redraw_byte_for_byte(preset, tmp_path):
+    """lab/results/<study> is compare.py's output from its committed metrics, and so is
+    the table lab/README.md quotes: --train=False writes both again, the same bytes.
+    (cpu_tuned trained two of its preset's variants.)"""
+    committed = os.path.join(LAB, "results", preset)
+    shutil.copytree(committed, tmp_path / "results" / preset)
+    readme = open(os.path.join(LAB, "README.md")).read()
+    marker = f"<!-- compare.py table: {preset} -->"
+    assert marker in readme, f"lab/README.md quotes no table of {preset}"
+    (tmp_path / "README.md").write_text(readme.split(marker)[0] + marker + "\n(stale)\n<!-- end of table -->\n")
+    args = ("--variants=residual,ihc",) if preset == "cpu_tuned" else ()
+    status, _, stderr = run_in_this_process("lab/compare.py", f"--preset={preset}", *args, "--train=False",
+                                            f"--results_dir={tmp_path / 'results' / preset}")
+    assert status == 0, stderr
+    for name in sorted(os.listdir(committed)):
+        if name.endswith((".md", ".png")):
+            assert (tmp_path / "results" / preset / name).read_bytes() == open(os.path.join(committed, name),
+                                                                                "rb").read(), name
+    table = readme.split(marker)[1].split("<!-- end of table -->")[0]
+    assert (tmp_path / "README.md").read_text().split(marker)[1].split("<!-- end of table -->")[0] == table
+
+
+@slow
+def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
+    """The gates preset's static variant is norm_gated_ihc.clip with --alpha_init=0, run
+    and named as such; ihc among the variants adds a paired column against it."""
+    compare(tmp_path, "--preset=gates", "--variants=ihc,norm_gated_ihc.static", "--seeds=1")
+    out_dir = tmp_path / "runs" / "norm_gated_ihc.static-s1"
+    assert "--alpha_init=0" in json.loads((out_dir / "run.json").read_text())["arguments"]
+    config = torch.load(out_dir / "ckpt.pt", weights_only=True)["config"]
+    assert config["residual"] == "norm_gated_ihc.clip" and config["alpha_init"] == 0
+    assert (tmp_path / "results" / "metrics" / "norm_gated_ihc.static-s1.jsonl").exists()
+    table = (tmp_path / "results" / "results.md").read_text()
+    ihc, static = (metrics(tmp_path / "runs" / f"{label}-s1")[-1]["val_loss"]
+                   for label in ("ihc", "norm_gated_ihc.static"))
+    assert "| minus ihc's: mean [95% CI], p, signs |" in table and "| minus residual's" not in table
+    assert f"| `norm_gated_ihc.static` | {static:.4f} | " in table  # one seed: no spread
+    d = static - ihc  # one seed: no interval and no test, only the difference and its sign
+    assert f"| {d:+.4f} (one seed: no interval), {'-' if d < 0 else '+'} | " in table, table
+
+
+def test_readme_summary_quotes_the_committed_results():
+    """Every cell of the README's results summary is the same cell of
+    results/<preset>/results.md, which compare.py wrote from the committed metrics."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme.split("\n## What the results say")[1].split("\n## ")[0]
+    header, _, *rows = [line for line in section.splitlines() if line.startswith("|")]
+    presets = re.findall(r"\(`(\w+)`\)", header)
+    assert presets and rows, "the README has no summary table"
+    tables = {}
+    for preset in presets:
+        with open(os.path.join(LAB, "results", preset, "results.md")) as f:
+            text = f.read()
+        first_table = text[text.index("\n|"):].split("\n\n")[0]  # the comparison's, not the grid's below it
+        lines = [line.split(" | ") for line in first_table.splitlines() if line.startswith("| `")]
+        tables[preset] = {cells[0].strip("| "): cells for cells in lines}
+    for row in rows:
+        label, *cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        for preset, cell in zip(presets, cells):
+            assert cell in ("", "not run") or cell == tables[preset][label][3], (preset, label, cell)
+
+
+@slow
+def test_compare_skips_finished_runs(tmp_path):
+    """With a grid: the tuning seed's runs at each rate, then the comparison's run at the
+    rate whose final loss was the lowest there; a second call trains nothing.
+    (That a run trained again gives the same numbers is checked by the resume test below.)"""
+    grid = ["--learning_rates=1e-3,4e-3", "--tuning_seed=6", "--extend=0"]
+    compare(tmp_path / "first", "--variants=mhc", "--seeds=5", *grid)
+    tuned = {rate: metrics(tmp_path / "first" / "runs" / "tuning" / f"mhc-lr{rate}-s6")[-1]["val_loss"]
+             for rate in ("0.001", "0.004")}
+    best = min(tuned, key=tuned.get)
+    arguments = json.loads((tmp_path / "first" / "runs" / "mhc-s5" / "run.json").read_text())["arguments"]
+    assert f"--learning_rate={best}" in arguments and f"--min_lr={float(best) / 10:g}" in arguments, arguments
+    record = json.loads((tmp_path / "first" / "results" / "run.json").read_text())
+    assert record["chosen"] == {"mhc": float(best)} and record["calls"][0]["commit"], record
+    log = tmp_path / "first" / "runs" / "mhc-s5" / "train.log"
+    before = log.stat().st_mtime_ns
+    result = compare(tmp_path / "first", "--variants=mhc", "--seeds=5", *grid)
+    assert "tuning: 2 of 2 runs already finished" in result.stdout, result.stdout
+    assert "runs: 1 of 1 runs already finished" in result.stdout and log.stat().st_mtime_ns == before
+    assert not (tmp_path / "first" / "runs" / "compare.lock").exists(), "a finished call keeps no lock"
+    result = compare(tmp_path / "first", "--variants=mhc", "--seeds=5", *grid, "--train_args=--max_iters=10",
+                     check=False)
+    assert result.returncode == 2 and "was trained with other arguments" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "first" / "runs" / "compare.lock").exists(), "a refused call keeps no lock either"
+
+
+def write_run_metrics(path, final_loss):
+    """A run's metrics.jsonl as train.py writes it, reduced to what compare.py reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [dict(iter=i, val_loss=final_loss + 1 - i / 10, tokens_per_sec=1000.0, gain_forward=1.0,
+                 gain_backward=1.0, elapsed_s=i) for i in (0, 10)]
+    rows.insert(1, dict(iter=5, loss=final_loss + 1, grad_norm=1.0, grad_norm_max=1.0))  # a progress row
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_compare_chooses_each_rate_on_the_tuning_seed_alone(tmp_path):
+    """The choice reads only the tuning seed's runs: a comparison seed's results, however
+    they change, cannot move it, nor can a stray run of the grid at a comparison seed;
+    the tuning seed's can. A choice at an end of the grid is reported as one, and with
+    --extend the grid must grow there before anything is drawn."""
+    metrics_dir = tmp_path / "results" / "metrics"
+    tuning = {"residual": {"0.001": 2.5, "0.002": 2.4, "0.004": 2.6},  # best inside the grid
+              "ihc": {"0.001": 2.7, "0.002": 2.5, "0.004": 2.3}}  # best at the grid's upper end
+    for label, by_rate in tuning.items():
+        for rate, loss in by_rate.items():
+            write_run_metrics(metrics_dir / "tuning" / f"{label}-lr{rate}-s7.jsonl", loss)
+            write_run_metrics(metrics_dir / "tuning" / f"{label}-lr{rate}-s1.jsonl", 9 - loss)  # a comparison seed's
+        for seed in (1, 2):
+            write_run_metrics(metrics_dir / f"{label}-s{seed}.jsonl", 2.0 + seed / 10)
+    redraw = ["lab/compare.py", f"--results_dir={tmp_path / 'results'}", "--variants=residual,ihc", "--seeds=1,2",
+              "--learning_rates=1e-3,2e-3,4e-3", "--tuning_seed=7", "--extend=0", "--train=False"]
+
+    def chosen():
+        status, _, stderr = run_in_this_process(*redraw)
+        assert status == 0, stderr
+        text = (tmp_path / "results" / "results.md").read_text()
+        rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| `")}
+        return text, {label: rows[f"| `{label}`"].split(" | ")[-1].strip(" |") for label in tuning}
+
+    text, first = chosen()
+    assert first == {"residual": "0.002", "ihc": "0.004 (highest rate tried: the best may be higher)"}, first
+    assert "| `residual` | 2.5000 | **2.4000** | 2.6000 | 0.002 |" in text, text
+    assert "`ihc` (`--residual=ihc --learning_rate=0.004 --min_lr=0.0004`)" in text
+    for label in tuning:  # the comparison seed's results turned upside down
+        write_run_metrics(metrics_dir / f"{label}-s1.jsonl", {"residual": 9.0, "ihc": 0.1}[label])
+    assert chosen()[1] == first
+    write_run_metrics(metrics_dir / "tuning" / "residual-lr0.004-s7.jsonl", 2.3)  # the tuning seed's: it moves
+    assert chosen()[1]["residual"] == "0.004 (highest rate tried: the best may be higher)"
+    status, _, stderr = run_in_this_process(*redraw[:-2], "--extend=1", "--train=False")
+    assert status == 2 and "no metrics for tuning/residual-lr0.008-s7" in stderr, stderr  # the grown grid's rate
+    status, _, stderr = run_in_this_process(*redraw[:-2], "--tuning_seed=2", "--train=False")
+    assert status == 2 and "is one of the comparison's seeds" in stderr, stderr
+
+
+def test_depth_sweep_draws_each_depth_paired_against_its_residual(tmp_path, monkeypatch):
+    """depth_sweep.py reads each depth's compare.py record: per topology the chosen rate
+    (marked where it was not tuned), the final loss minus the same depth's residual at
+    the same seed (mean, 95% interval from a t table, p exact at 2 dof), each run's
+    largest gain and gradient norm, how much the loss still fell at the end; a depth
+    not trained yet is named, and the figure is drawn the same, byte for byte, twice."""
+    finals = {6: {"residual": [2.10, 2.12, 2.11], "hc": [2.05, 2.09, 2.06]},
+              12: {"residual": [2.20, 2.23, 2.21], "hc": [2.15, 2.16, 2.19]}}
+    for depth, preset in ((6, "depth6"), (12, "depth_tuned")):
+        runs = {"tuning/hc-lr0.004-s1336": []}
+        for label, losses in finals[depth].items():
+            for seed, loss in zip((1337, 1338, 1339), losses):
+                name = f"{label}-s{seed}"
+                runs[name] = []
+                rows = [dict(iter=0, val_loss=4.0, gain_forward=1.0), dict(iter=10, grad_norm=1.0, grad_norm_max=seed - 1336),
+                        dict(iter=20, val_loss=loss, gain_forward=depth + seed - 1337)]
+                (tmp_path / preset / "metrics").mkdir(parents=True, exist_ok=True)
+                (tmp_path / preset / "metrics" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        record = dict(runs=runs, chosen={"residual": 0.008, "hc": 0.004}, grid_losses={"hc": {0.004: 2.0}})
+        (tmp_path / preset / "run.json").write_text(json.dumps(record))
+    status, _, stderr = run_in_this_process("lab/depth_sweep.py", "--train=False", f"--results_dir={tmp_path}")
+    assert status == 0, stderr
+    text = (tmp_path / "depth_sweep" / "results.md").read_text()
+    assert "Not yet trained: 24 (`depth24`), 48 (`depth48`)." in text, text
+    for depth in (6, 12):
+        paired = [h - r for h, r in zip(finals[depth]["hc"], finals[depth]["residual"])]
+        mean, sem = statistics.mean(paired), statistics.stdev(paired) / math.sqrt(3)
+        half, p = 4.302653 * sem, 1 - abs(mean / sem) / math.sqrt((mean / sem) ** 2 + 2)
+        hc = statistics.mean(finals[depth]["hc"]), statistics.stdev(finals[depth]["hc"])
+        falling = statistics.mean(finals[depth]["hc"]) - 4.0  # over the last interval, iterations 0 to 20
+        assert (f"| {depth} | `hc` | 0.004 | {hc[0]:.4f} ± {hc[1]:.4f} | {mean:+.4f} [{mean - half:+.4f}, "
+                f"{mean + half:+.4f}], p {p:.3f}, --- | {depth + 1:.3f} | 2.00 | {falling:+.4f} (0-20) |") in text, text
+        assert f"| {depth} | `residual` | 0.008 (untuned) |" in text, text  # not in the grid: another's rate
+    drawn = (tmp_path / "depth_sweep" / "depth.png").read_bytes()
+    assert drawn[:8] == b"\x89PNG\r\n\x1a\n"
+    run_in_this_process("lab/depth_sweep.py", "--train=False", f"--results_dir={tmp_path}")
+    assert (tmp_path / "depth_sweep" / "depth.png").read_bytes() == drawn
+    # training: a depth with its record is done (a clone has no runs of it), so only depth24 and depth48 train
+    commands = []
+    monkeypatch.setattr(subprocess, "run", lambda command, **kw: commands.append(command) or
+                        subprocess.CompletedProcess(command, 0))
+    status, stdout, stderr = run_in_this_process("lab/depth_sweep.py", f"--results_dir={tmp_path}")
+    assert status == 0, stderr
+    assert [c[1:4] for c in commands] == [["-m", "lab.compare", f"--preset={p}"] for p in ("depth24", "depth48")]
+    assert f"{tmp_path / 'depth6'} holds its record: trained" in stdout, stdout
+
+
+def test_compare_refuses_a_runs_dir_another_call_is_training_in(tmp_path):
+    """The lock names a process that runs (this one): it stands."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "compare.lock").write_text(f"{os.getpid()} python compare.py\n")
+    status, _, stderr = run_in_this_process(*compare_arguments(tmp_path, "--variants=mhc", "--seeds=5"))
+    assert status == 2 and "another compare.py is training in" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "runs" / "mhc-s5").exists()
+
+
+@slow
+@pytest.mark.skipif(os.name != "posix", reason="Windows cannot ask whether a process runs without ending it")
+def test_compare_takes_over_the_lock_of_a_call_that_was_killed(tmp_path):
+    """The lock names a process that has ended (killed outright, its lock stayed): the
+    next call says so, takes the lock, trains, and leaves none behind."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "compare.lock").write_text(f"{ended.stdout.strip()} python compare.py\n")
+    result = compare(tmp_path, "--variants=mhc", "--seeds=5", "--train_args=--max_itters=5", check=False)
+    assert f"({ended.stdout.strip()}) is no longer running; taking it over" in result.stdout, result.stdout
+    assert result.returncode == 1 and "unknown key 'max_itters'" in result.stderr, result.stderr  # it trained
+    assert not (tmp_path / "runs" / "compare.lock").exists()
+
+
+@slow
+def test_compare_names_a_failed_run_in_one_line_and_continues_after_the_fix(tmp_path):
+    result = compare(tmp_path, "--variants=ihc", "--seeds=1", "--train_args=--max_itters=5", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "unknown key 'max_itters'" in result.stderr.strip().splitlines()[-1]
+    compare(tmp_path, "--variants=residual,ihc", "--seeds=1")  # the failed run left nothing in the way
+    table = (tmp_path / "results" / "results.md").read_text()
+    final = metrics(tmp_path / "runs" / "ihc-s1")[-1]["val_loss"] - metrics(tmp_path / "runs" / "residual-s1")[-1]["val_loss"]
+    assert f"| {final:+.4f} (one seed: no interval), {'-' if final < 0 else '+'} |" in table, table  # not [x, x]
+    assert "±" not in table.split("| variant")[1], "one seed has no standard deviation"
+
+
+@slow
+def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
+    args = ["--variants=ihc", "--seeds=3", "--train_args=" + COMPARE_TRAIN_ARGS + " --max_iters=400 --eval_interval=50"]
+    run("lab/compare.py", f"--runs_dir={tmp_path / 'straight'}", f"--results_dir={tmp_path / 'r1'}", *args)
+    command = [*command_of("lab/compare.py"), f"--runs_dir={tmp_path / 'stopped'}",
+               f"--results_dir={tmp_path / 'r2'}", *args]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoint = tmp_path / "stopped" / "ihc-s3" / "ckpt.pt"
+    while not checkpoint.exists():  # saved at iteration 50: stopped by this event, 350 iterations before the end
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    calls = json.loads((tmp_path / "stopped" / "calls.json").read_text())
+    assert len(calls) == 1, "a call is on record while it runs, so a call killed outright (kill -9) is not lost"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Rerun the same command to resume" in err, err
+    assert not json.loads((tmp_path / "stopped" / "ihc-s3" / "run.json").read_text())["finished"]
+    assert not (tmp_path / "r2").exists(), "no results from an unfinished comparison"
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+    log = (tmp_path / "stopped" / "ihc-s3" / "train.log").read_text()
+    assert "SIGTERM: saved" in log and log.count("iter 0:") == 1, "resumed from the checkpoint, not retrained"
+    straight, resumed = metrics(tmp_path / "straight" / "ihc-s3"), metrics(tmp_path / "stopped" / "ihc-s3")
+    assert [r["iter"] for r in resumed] == [r["iter"] for r in straight]
+    assert all(abs(a["val_loss"] - b["val_loss"]) < 1e-4 for a, b in zip(straight, resumed))
+    record = json.loads((tmp_path / "r2" / "run.json").read_text())  # both calls' time, and the run's arguments
+    assert [call["command"].split()[:3] for call in record["calls"]] == [["python", "-m", "lab.compare"]] * 2
+    assert record["runs"] == {"ihc-s3": json.loads((tmp_path / "stopped" / "ihc-s3" / "run.json").read_text())["arguments"]}
+    first = record["calls"][0]  # and the commit each call ran at, with or without changes to tracked files
+    at = (f", at {first['commit'][:7]}" + (" with uncommitted changes" if first["uncommitted_changes"] else "")
+          + f", on {first['cpu']}")  # and the processor, which the last bits of a run depend on
+    assert first["cpu"] and first["cpu"] == record["calls"][1]["cpu"]
+    assert first["commit"] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                             text=True).stdout.strip()
+    assert f"({first['minutes']} min{at}) then " in (tmp_path / "r2" / "results.md").read_text()
+
+
+
+# =============================================================================
+# plot.py
+# =============================================================================
+
+def test_plot_draws_any_runs_side_by_side(trained, tmp_path, monkeypatch):
+    """Two runs of one's own, one of them gated: compare.py's plots with a curve (or
+    bars) per run, labelled by its directory as typed; a folder that holds no run,
+    or no folder at all, is a one-line error."""
+    train_here("--residual=norm_gated_ihc", "--max_iters=10", "--eval_interval=5", "--log_interval=5",
+               f"--out_dir={tmp_path / 'gated'}", *TINY)
+    legends, savefig = {}, matplotlib.figure.Figure.savefig
+
+    def record_legend(fig, path, **kwargs):  # the first panel's legend, which holds every run it shows
+        legends[os.path.basename(path).split(".")[0]] = fig.axes[0].get_legend_handles_labels()[1]
+        savefig(fig, path, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record_legend)
+    runs = [str(trained), str(tmp_path / "gated")]
+    status, out, err = run_in_this_process("lab/plot.py", *runs, f"--out={tmp_path / 'plots'}")
+    assert status == 0, err
+    plots = ["gain", "gates", "grad_norm", "val_loss"]
+    assert sorted(os.listdir(tmp_path / "plots")) == [f"{name}.png" for name in plots]  # no temporary file left
+    assert all((tmp_path / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in plots)
+    assert legends == dict(val_loss=runs, gain=runs, grad_norm=runs, gates=runs[1:]), legends
+    for args, message in (([str(tmp_path)], f"no metrics.jsonl in '{tmp_path}'"), ([], "name the runs to plot")):
+        status, _, err = run_in_this_process("lab/plot.py", *args, f"--out={tmp_path / 'plots'}")
+        assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+
+# =============================================================================
+# bench.py
+# =============================================================================
+
+def test_bench_profile_names_where_the_time_goes():
+    """bench.py --profile=mhc: 20 ops, ranked by the time mhc adds to each over the
+    residual's step; the top one is an op the residual never runs, and mhc's
+    per-token 4 x 4 mix matrices show up."""
+    status, stdout, stderr = run_in_this_process("lab/bench.py", "--profile=mhc", "--warmup=1")
+    assert status == 0, stderr
+    rows = [line.strip("| ").split(" | ") for line in stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| op |")]
+    assert len(rows) == 20, stdout
+    residual_ms, mhc_ms, added = ([float(row[i]) for row in rows] for i in (3, 4, 5))
+    assert added == sorted(added, reverse=True), stdout
+    assert all(abs(a - (m - r)) < 0.011 for a, m, r in zip(added, mhc_ms, residual_ms)), stdout
+    assert residual_ms[0] == 0 and mhc_ms[0] > 0, stdout
+    assert any("[768, 4, 4]" in row[1] for row in rows), stdout
+
+
+# gpu_check.sh's verdicts, on stand-in tests.py and bench.py in a copy of the script:
+# a test that passes, one that skips, one that waits for ever (the time-out is
+# forced, not raced: nothing can make it finish). The stand-ins import no torch, so
+# the 15 s cap leaves a slow or loaded machine ample time (ten times) for the others.
+STAND_IN_TESTS = """
+import threading
+import pytest
+
+def test_gpu_passes():
+    pass
+
+def test_gpu_skips():
+    pytest.skip("no GPU")
+
+def test_gpu_waits_for_ever():
+    threading.Event().wait()
+"""
+
+
+@pytest.mark.parametrize("kernels_k, verdict", [
+    ("passes", "pass (1 passed, 0 failed, 0 skipped)"),
+    ("skips", "FAIL (nothing ran: 0 passed, 0 failed, 1 skipped)"),
+    ("passes or skips", "FAIL (some skipped: 1 passed, 0 failed, 1 skipped)"),
+    ("nothing_has_this_name", "FAIL (nothing ran: 0 passed, 0 failed, 0 skipped)"),
+    pytest.param("passes or waits", "FAIL (timed out after 15s; finished: 1 passed, 0 failed, 0 skipped)",
+                 marks=slow)])
+def test_check_script_names_every_verdict(kernels_k, verdict, tmp_path):
+    """Under PYTHON, the interpreter running these tests: the python3 first on PATH
+    is a stand-in that fails (python_on_path_is_not_this_one)."""
+    (tmp_path / "lab").mkdir()
+    os.symlink(os.path.join(LAB, "gpu_check.sh"), tmp_path / "lab" / "gpu_check.sh")  # it runs from the folder above
+    (tmp_path / "tests.py").write_text(STAND_IN_TESTS)
+    (tmp_path / "lab" / "__init__.py").write_text("")
+    (tmp_path / "lab" / "bench.py").write_text("print('| op | GB/s |')\n")
+    env = dict(os.environ, GPU_TESTS_ON_CPU="1", OUT=str(tmp_path / "out"), GPU_CHECK_KERNELS_K=kernels_k,
+               GPU_CHECK_TRAINING_K="passes", GPU_CHECK_TESTS_S="15", GPU_CHECK_BENCH_ARGS="", PYTHON=sys.executable)
+    result = subprocess.run(["bash", str(tmp_path / "lab" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                            cwd=tmp_path, timeout=300)
+    summary = result.stdout
+    assert f"kernel tests    {verdict}" in summary, summary + result.stderr
+    assert "training tests  pass (1 passed" in summary and "bench           pass" in summary, summary
+    assert result.returncode == (0 if verdict.startswith("pass") else 1), summary
+    if "timed out" in verdict:  # the finished test is listed by name
+        assert "tests.py::test_gpu_passes PASSED" in summary, summary

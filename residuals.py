@@ -97,7 +97,9 @@ class Residual(nn.Module):
 
 
 def rms_projection(x, W, eps=1e-6):
-    """RMSNorm(x) @ W over the last dim, no norm weight. x (..., D), W (D, K) -> (..., K)"""
+    """RMSNorm(x) @ W over the last dim, no norm weight. x (..., D), W (D, K) -> (..., K)
+    Here eps 1e-6 and no weight; the peers' (lucidrains') norm has a learned weight and no
+    eps, and a weight folds into W."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) @ W
 
 
@@ -135,6 +137,8 @@ class HyperConnection(Streams):
     and the state is mixed by A_r transposed, out_j = sum_i A_r[i,j] h_i (the
     paper's A_r^T H): row i, made from stream i, says where stream i's content goes.
     Init (Eq. 14): W = 0, s = alpha_init, post = 1, pre = e_{k mod n}, A_r = I.
+    The paper (and lucidrains' code) scales pre and A_r by one s_alpha; here s_pre and
+    s_res are apart: a superset, the same function at init.
     Nothing bounds A_r: the composite gain of many layers can grow (see tests).
     """
 
@@ -250,6 +254,10 @@ def sinkhorn(logits, iters=20):
     then each column by its sum. Here in the log domain, where dividing a row by
     its sum is subtracting its logsumexp: float32 exp of raw logits overflows (or
     underflows to 0/0) once one matrix's logits span ~80, this never does.
+    Rows first, columns last, as both public implementations do; the mHC paper's Eq. 9
+    ends with rows. So the column sums are exact and the row sums (the forward gain) are
+    not: at 20 iterations they miss 1 by up to 4e-2 (1.2e-2 at the 99th percentile) over
+    1e6 random 4 x 4 logit matrices of std 2.
     (..., n, n) -> (..., n, n), float32 or wider"""
     L = float32_or_wider(logits)
     for _ in range(iters):
@@ -285,6 +293,9 @@ class ManifoldHCLite(DynamicStreams):
         self.register_buffer("permutations", perms.flatten(1), persistent=False)  # (n!, n*n)
 
     def mix_bias(self, n):
+        # -4 off the identity, as mhc, but over 23 other permutations (n = 4): H_ii = 0.768
+        # at step 0, against mhc's 0.948 (-5.8 would match it). Kept: the committed studies
+        # trained this start; so mhc against mhc_lite also compares 4.5x the step-0 mixing.
         bias = torch.full((math.factorial(n),), -4.0)
         bias[0] = 0.0  # itertools.permutations yields the identity first
         return bias

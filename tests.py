@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -357,6 +358,78 @@ def test_hc_sends_stream_i_where_row_i_of_A_r_says():
     out = topology(h, lambda x: torch.zeros_like(x))  # y = 0: only the mix
     torch.testing.assert_close(out[:, :, 0], h[:, :, 0] + 2 * h[:, :, 1])
     torch.testing.assert_close(out[:, :, 1:], h[:, :, 1:])
+
+
+# --- the peers' code: lucidrains' hyper-connections ----------------------------------
+
+def lucidrains_hc_as_ours(theirs):
+    """Our hc's parameters from those of lucidrains' HyperConnections (hyper-connections
+    0.4.11; one input view, num_fracs 1), by name. One to one, and exact also where the
+    two differ by design:
+    - Their coefficient norm is F.normalize(h_i) sqrt(C) (1 + gamma): an RMSNorm with a
+      learned weight. Ours has none, so (1 + gamma) folds into W's rows:
+      RMSNorm(h_i) diag(1 + gamma) W. (Their norm has no eps; ours, 1e-6: see the test.)
+    - Their alpha (n, 1+n) is [pre | A_r] in our orientation: row i is made from stream
+      i, and their einsum '... s t, ... s d -> ... t d' is ours, out_j = sum_i A_r[i,j] h_i
+      (the paper's A_r^T H). No transpose.
+    - Their one dynamic_alpha_scale (the paper's s_alpha) scales both pre and A_r; ours
+      has s_pre and s_res apart, and both take it (a superset; equal at init, 0.01).
+    - Their beta is our post: static_beta, dynamic_beta_fn, dynamic_beta_scale."""
+    gain = 1 + theirs["norm.gamma"]  # (C,)
+    W = torch.cat([theirs["dynamic_alpha_fn"][:, :1], theirs["dynamic_beta_fn"][:, None],
+                   theirs["dynamic_alpha_fn"][:, 1:]], 1)  # (C, 2+n): [W_pre | W_post | W_res]
+    return dict(proj=gain[:, None] * W,
+                alpha=torch.stack([theirs["dynamic_alpha_scale"], theirs["dynamic_beta_scale"],
+                                   theirs["dynamic_alpha_scale"]]),  # s_pre, s_post, s_res
+                pre_static=theirs["static_alpha"][:, 0], post_static=theirs["static_beta"],
+                mix_static=theirs["static_alpha"][:, 1:])
+
+
+@pytest.mark.parametrize("weights", ["init", "random"])
+def test_hc_computes_lucidrains_hyper_connections(weights):
+    """hc against the HC paper's public code (lucidrains' hyper-connections), in
+    float64, their parameters mapped onto ours (lucidrains_hc_as_ours): the output, and
+    under a random upstream gradient the gradients with respect to the state, the
+    sublayer's weights and every one of their parameters (through the map, so ours
+    count too), at init and with every parameter random. At init ours is built on its
+    own, and must already hold their init, mapped."""
+    hyper_connections = pytest.importorskip(
+        "hyper_connections", reason="lucidrains' code is not installed: pip install hyper-connections==0.4.11")
+    n, k = 4, 5  # sublayer 5 reads stream 1 at init
+    theirs = hyper_connections.HyperConnections(n, dim=C, layer_index=k).double()
+    # Ours with the coefficient RMSNorm's eps at 0, as theirs (F.normalize); with our
+    # 1e-6 the two differ by up to 5e-7 relative here: eps's size, not float64's rounding.
+    no_eps = types.SimpleNamespace(stream_read=residuals.stream_read, stream_write=residuals.stream_write,
+                                   rms_projection=lambda x, W: residuals.rms_projection(x, W, eps=0.0))
+    ours = TOPOLOGIES["hc"](GPTConfig(n_embd=C, n_head=1, residual="hc", n_streams=n), k, no_eps).double()
+    gen = torch.Generator().manual_seed(0)
+    if weights == "random":
+        with torch.no_grad():
+            for p in theirs.parameters():
+                p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    params = {name: p.detach() for name, p in theirs.named_parameters()}
+    if weights == "init":
+        for name, p in lucidrains_hc_as_ours(params).items():
+            torch.testing.assert_close(getattr(ours, name), p, rtol=0, atol=0, msg=lambda m: f"init {name}: {m}")
+
+    def sublayer(x, M, b):
+        return torch.tanh(x @ M + b)
+
+    def their_step(h, M, b, **params):
+        x, write = torch.func.functional_call(theirs, params, (h.transpose(1, 2).reshape(B * n, T, C),))  # '(b s) t d'
+        return write(sublayer(x, M, b)).view(B, n, T, C).transpose(1, 2)  # (B,n,T,C) -> (B,T,n,C)
+
+    def our_step(h, M, b, **params):
+        return torch.func.functional_call(ours, lucidrains_hc_as_ours(params), (h, lambda x: sublayer(x, M, b)))
+
+    inputs = dict(h=torch.randn(B, T, n, C, generator=gen, dtype=torch.float64),
+                  M=torch.randn(C, C, generator=gen, dtype=torch.float64) / math.sqrt(C),
+                  b=torch.randn(C, generator=gen, dtype=torch.float64), **params)
+    (want,), want_grads = outputs_and_gradients(their_step, inputs, {})
+    (got,), got_grads = outputs_and_gradients(our_step, inputs, {})
+    assert_close(f"{weights}: output", got, want, 1e-12)
+    for name, grad in want_grads.items():
+        assert_close(f"{weights}: d {name}", got_grads[name], grad, 1e-12)
 
 
 # --- gates: each gate form by the variant that has it -------------------------------

@@ -1,47 +1,20 @@
 """
-The statistics of a comparison of a few seeds, with no library beyond Python's:
-the mean and spread of a metric over seeds, and the paired difference between
-two variants trained at the same seeds (its mean, its 95% interval by Student's
-t, the paired t-test's p and each seed's sign). compare.py and depth_sweep.py
-write their tables with these.
+The statistics of a comparison of a few seeds: the mean and spread of a metric
+over seeds, and the paired difference between two variants trained at the same
+seeds (its mean, its 95% interval by Student's t, the paired t-test's p and each
+seed's sign), by scipy.stats. compare.py and depth_sweep.py write their tables
+with these. (The lab may use scipy; the tutorial at the top level does not.)
 """
 import math
 import statistics
 from typing import NamedTuple
 
+from scipy import stats
+
 
 def mean_std(values):
     """The mean and the sample standard deviation; nan for one value: no spread is known."""
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else math.nan
-
-
-def t_within(t, dof):
-    """P(|T| <= t) for Student's t with an integer number of degrees of freedom, exactly:
-    the finite series in cos(theta), theta = atan(t / sqrt(dof)) (Abramowitz and Stegun
-    26.7.3-4), so no statistics library is needed for a few seeds."""
-    theta = math.atan(abs(t) / math.sqrt(dof))
-    c2, term, series = math.cos(theta) ** 2, 1.0, 1.0
-    if dof % 2 == 0:  # sin(theta) (1 + c2/2 + 1*3/(2*4) c2^2 + ...), dof/2 terms
-        for k in range(1, dof // 2):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            series += term
-        return math.sin(theta) * series
-    if dof == 1:
-        return 2 * theta / math.pi
-    for k in range(1, (dof - 1) // 2):  # (2/pi) (theta + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...))
-        term *= c2 * (2 * k) / (2 * k + 1)
-        series += term
-    return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * series)
-
-
-def t_quantile(level, dof):
-    """The t with P(|T| <= t) = level, by bisection (t_within grows with t)."""
-    low, high = 0.0, 1.0
-    while t_within(high, dof) < level:
-        high *= 2
-    for _ in range(100):
-        low, high = (low, (low + high) / 2) if t_within((low + high) / 2, dof) >= level else ((low + high) / 2, high)
-    return (low + high) / 2
 
 
 class Paired(NamedTuple):
@@ -61,8 +34,8 @@ def paired(differences):
         return Paired(mean, math.nan, math.nan, math.nan, signs)  # one seed: no interval, no test
     if std == 0:
         return Paired(mean, mean, mean, math.nan, signs)
-    half = t_quantile(0.95, n - 1) * std / math.sqrt(n)
-    return Paired(mean, mean - half, mean + half, 1 - t_within(mean / (std / math.sqrt(n)), n - 1), signs)
+    half = float(stats.t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+    return Paired(mean, mean - half, mean + half, float(stats.ttest_1samp(differences, 0.0).pvalue), signs)
 
 
 def paired_cell(d):
@@ -71,3 +44,42 @@ def paired_cell(d):
         return f"{d.mean:+.4f} (one seed: no interval), {d.signs}"
     p = "p n/a" if math.isnan(d.p) else f"p {d.p:.3f}" if d.p >= 0.001 else "p < 0.001"
     return f"{d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}], {p}, {d.signs}"
+
+
+def holm(p_values):
+    """Holm's step-down adjusted p-values, in the order given: the family-wise error
+    over all of a study's pre-registered contrasts stays at the level a p is held to.
+    A contrast with no p (one seed) counts as p = 1."""
+    p = [1.0 if math.isnan(x) else x for x in p_values]
+    adjusted, running = [math.nan] * len(p), 0.0
+    for rank, i in enumerate(sorted(range(len(p)), key=p.__getitem__)):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+class Ratio(NamedTuple):
+    """mean(a) / mean(b) over paired seeds, and its Fieller interval (inf where unbounded)."""
+    estimate: float
+    low: float
+    high: float
+
+
+def ratio_of_means(a, b, level=0.95):
+    """The ratio of two paired means, e.g. the share of hc's lead over the residual that
+    another variant keeps: mean(residual - variant) / mean(residual - hc) per seed. Its
+    interval is Fieller's: the ratios r with (mean(a) - r mean(b))^2 <= t^2 var(mean(a) -
+    r mean(b)), a and b's covariance included; bounded only where mean(b) itself is
+    distinguishable from 0 at this level (else (-inf, inf))."""
+    n = len(a)
+    mean_a, mean_b = statistics.mean(a), statistics.mean(b)
+    if n < 2:
+        return Ratio(mean_a / mean_b, math.nan, math.nan)
+    v_aa, v_bb = statistics.variance(a) / n, statistics.variance(b) / n
+    v_ab = statistics.covariance(a, b) / n
+    t2 = float(stats.t.ppf(1 - (1 - level) / 2, n - 1)) ** 2
+    qa, qb, qc = mean_b ** 2 - t2 * v_bb, mean_a * mean_b - t2 * v_ab, mean_a ** 2 - t2 * v_aa
+    if qa <= 0 or qb ** 2 - qa * qc < 0:
+        return Ratio(mean_a / mean_b, -math.inf, math.inf)
+    root = math.sqrt(qb ** 2 - qa * qc)
+    return Ratio(mean_a / mean_b, (qb - root) / qa, (qb + root) / qa)

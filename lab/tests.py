@@ -16,14 +16,49 @@ import time
 
 import matplotlib.figure
 import pytest
+import scipy.stats
 import torch
 
 from conftest import ROOT, TINY, command_of, metrics, run, run_in_this_process, slow, train_here
-from lab import flops
+from lab import flops, stats
 from model import GPT, GPTConfig
 from residuals import TOPOLOGIES
 
 LAB = os.path.join(ROOT, "lab")
+
+
+# =============================================================================
+# stats.py
+# =============================================================================
+
+def test_paired_statistics_are_the_t_tables():
+    """Differences 1..5: mean 3, standard error sqrt(2.5 / 5); the t table's 2.776 (97.5%,
+    4 dof) gives the interval, and t = 3 / sqrt(0.5) = 4.243 at 4 dof a two-sided p of 0.0132."""
+    d = stats.paired([1.0, 2.0, 3.0, 4.0, 5.0])
+    half = 2.776445 * math.sqrt(0.5)
+    assert d.mean == 3 and abs(d.low - (3 - half)) < 1e-5 and abs(d.high - (3 + half)) < 1e-5, d
+    assert abs(d.p - 0.01324) < 1e-5 and d.signs == "+++++", d
+    assert stats.paired_cell(d) == "+3.0000 [+1.0368, +4.9632], p 0.013, +++++"
+
+
+def test_holm_adjusts_as_the_step_down_procedure():
+    """Sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1, each at least the one before."""
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, math.nan]) == [1.0, 1.0]
+
+
+def test_fieller_interval_is_where_the_paired_test_stops_rejecting():
+    """Fieller's interval for mean(a) / mean(b) is the set of r at which a paired t-test
+    of a - r b gives p >= 0.05: at its ends p is 0.05, at the estimate 1."""
+    b = [0.071, 0.064, 0.080, 0.069, 0.075]
+    a = [0.030, 0.036, 0.041, 0.028, 0.040]
+    r = stats.ratio_of_means(a, b)
+    assert r.estimate == pytest.approx(sum(a) / sum(b))
+    p_at = lambda ratio: scipy.stats.ttest_1samp([x - ratio * y for x, y in zip(a, b)], 0.0).pvalue
+    assert p_at(r.low) == pytest.approx(0.05) and p_at(r.high) == pytest.approx(0.05) and r.low < r.estimate < r.high
+    assert p_at(r.estimate) == pytest.approx(1.0)
+    unbounded = stats.ratio_of_means(a, [0.05, -0.04, 0.06, -0.05, 0.01])  # b's mean is not told from 0
+    assert (unbounded.low, unbounded.high) == (-math.inf, math.inf)
 
 
 # =============================================================================

@@ -64,7 +64,7 @@ from configurator import check_ranges, configure, fail
 from lab.flops import flop_matched_iters
 from lab.plot import draw, read_metrics
 from residuals import TOPOLOGIES
-from lab.stats import mean_std, paired, paired_cell
+from lab.stats import holm, mean_std, paired, paired_cell, ratio_of_means
 
 
 class Preset(NamedTuple):
@@ -77,6 +77,8 @@ class Preset(NamedTuple):
     tuning_seed: int = 1336  # chooses the rates; never one of the comparison's seeds
     rates_from: dict = {}  # label -> the variant whose chosen rate it trains at, untuned (where the budget forces it)
     reuse: tuple = ()  # committed studies (results/<name>) whose runs with this preset's arguments are taken, not trained
+    contrasts: tuple = ()  # pre-registered (variant, baseline) pairs, tested together: Holm-adjusted p's
+    lead: tuple = ()  # (base, leader): for each contrast's variant, the share of leader's lead over base it keeps
 
 
 class Run(NamedTuple):
@@ -173,7 +175,11 @@ PRESETS = dict(
                        **{label: args for mult in (1, 4, 16)
                           for label, args in with_setting("norm_gated_ihc", "gate_lr_mult", mult).items()},
                        **with_setting("norm_gated_ihc", "max_iters", 3000, "--eval_interval=750"),
-                       **with_setting("ihc", "max_iters", 3000, "--eval_interval=750")}),
+                       **with_setting("ihc", "max_iters", 3000, "--eval_interval=750")},
+                   contrasts=tuple((f"norm_gated_ihc+gate_lr_mult={mult}", base) for base in ("ihc", "residual")
+                                   for mult in (1, 4, 16))
+                   + tuple((f"norm_gated_ihc+gate_lr_mult={mult}", "norm_gated_ihc+gate_lr_mult=1") for mult in (4, 16))
+                   + (("norm_gated_ihc+max_iters=3000", "ihc+max_iters=3000"),)),
     # What hc's lead at 48 layers is made of (#37), at depth48's model, five seeds: hc's mixing made diagonal
     # or bounded, hc on one stream (its scales alone, token-dependent or static), and the residual for the
     # iterations hc's FLOPs per step buy (flops.py: 1119 for 1000); depth48's runs where identical. The grid
@@ -183,7 +189,12 @@ PRESETS = dict(
                           variants={**topologies("residual", "hc", "hc.mix_diagonal", "hc.bounded", "hc.one_stream",
                                                  "hc.one_stream_static"),
                                     **with_setting("residual", "max_iters", DECOMP_MATCHED,
-                                                   f"--eval_interval={-(-DECOMP_MATCHED // 4)}")}),
+                                                   f"--eval_interval={-(-DECOMP_MATCHED // 4)}")},
+                          contrasts=(("hc", "residual"),) + tuple(
+                              (arm, base) for arm in ("hc.mix_diagonal", "hc.bounded", "hc.one_stream",
+                                                      "hc.one_stream_static", f"residual+max_iters={DECOMP_MATCHED}")
+                              for base in ("residual", "hc")),
+                          lead=("residual", "hc")),
 )
 
 preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long, depth_tuned, depth6,
@@ -604,8 +615,9 @@ def summarize(curves, progress):
         rows[label] = dict(final=mean_std(finals),
                            best=mean_std([min(r["val_loss"] for r in run_rows) for run_rows in seed_rows]),
                            tokens_per_sec=statistics.mean(speed),
-                           gain_forward=max(r["gain_forward"] for run_rows in seed_rows for r in run_rows),
-                           gain_backward=max(r["gain_backward"] for run_rows in seed_rows for r in run_rows),
+                           gain_forward=statistics.mean(max(r["gain_forward"] for r in run_rows) for run_rows in seed_rows),
+                           gain_backward=statistics.mean(max(r["gain_backward"] for r in run_rows)
+                                                         for run_rows in seed_rows),
                            minutes=statistics.mean(run_rows[-1]["elapsed_s"] for run_rows in seed_rows) / 60)
         for base in PRESET.baselines:
             if base in curves:
@@ -614,6 +626,68 @@ def summarize(curves, progress):
         rows[label]["grad_norm_max"] = statistics.mean(max(r["grad_norm_max"] for r in run_rows)
                                                        for run_rows in progress[label])
     return rows
+
+
+def gates_section(curves, progress):
+    """The gated variants' gates at the final evaluation: the mean gate, the share of
+    gates below 0.01 (resets) over all sublayers and in the most-reset one, the share of
+    logits the clip holds; and the gate logits' gradient norm, mean over training."""
+    gated = [label for label, seed_rows in curves.items() if all("gate_mean" in rows[-1] for rows in seed_rows)]
+    if not gated:
+        return []
+    lines = ["Gates at the final evaluation, mean over seeds (each run's value: the mean over its sublayers, or "
+             "its most-reset sublayer's): g the gate, a reset g < 0.01; held: the share of gate logits the clip "
+             "holds (an update does not change them); gate-logit gradient norm: the gate parameters' gradient "
+             "norm, mean over a run's progress lines (n/a: not recorded by the train.py of its day).", "",
+             "| variant | mean gate | resets | resets, most-reset sublayer | held by the clip "
+             "| gate-logit gradient norm |", "|---|---|---|---|---|---|"]
+    for label in gated:
+        final = [rows[-1] for rows in curves[label]]
+        over_seeds = lambda f: statistics.mean(f(row) for row in final)
+        norms = [[row["gate_grad_norm"] for row in rows if "gate_grad_norm" in row] for rows in progress[label]]
+        norm = f"{statistics.mean(statistics.mean(n) for n in norms):.3g}" if all(norms) else "n/a"
+        lines.append(f"| `{label}` | {over_seeds(lambda r: statistics.mean(r['gate_mean'])):.3f} | "
+                     f"{over_seeds(lambda r: statistics.mean(r['gate_reset_fraction'])):.2%} | "
+                     f"{over_seeds(lambda r: max(r['gate_reset_fraction'])):.2%} | "
+                     f"{over_seeds(lambda r: statistics.mean(r['gate_logits_clipped'])):.2%} | {norm} |")
+    return lines + [""]
+
+
+def contrasts_section(curves):
+    """The preset's pre-registered contrasts among the chosen variants, tested together:
+    each paired difference with its p, Holm's adjusted p over all of them, and its
+    interval at 1 - 0.05/m (Bonferroni), which holds for all m at once; with a lead,
+    the share of the leader's lead over the base that each variant keeps (Fieller's
+    interval at the same level)."""
+    pairs = [(a, b) for a, b in PRESET.contrasts if a in curves and b in curves]
+    if not pairs:
+        return []
+    finals = {label: [rows[-1]["val_loss"] for rows in seed_rows] for label, seed_rows in curves.items()}
+    differences = [[x - y for x, y in zip(finals[a], finals[b])] for a, b in pairs]
+    tests = [paired(d) for d in differences]
+    adjusted, m = holm([t.p for t in tests]), len(pairs)
+    level = 1 - 0.05 / m
+    base, leader = PRESET.lead or (None, None)
+    share = base in finals and leader in finals
+    lines = [f"Pre-registered contrasts, {m} tested together: the paired difference (the first's final val loss "
+             f"minus the second's) with its 95% interval and p; Holm's adjusted p over all {m}, the one to read "
+             f"(below 0.05: a finding); and the interval at {level:.4g} (Bonferroni), which holds for all {m} at "
+             f"once."
+             + (f" Share of `{leader}`'s lead kept: mean(`{base}` minus the variant) / mean(`{base}` minus "
+                f"`{leader}`) over the seeds, with Fieller's interval at the same {level:.4g}: 1 keeps all of "
+                f"`{leader}`'s lead, 0 none." if share else ""), "",
+             "| contrast | mean [95% CI], p, signs | Holm p | interval at " + f"{level:.4g}" + " |"
+             + (f" share of `{leader}`'s lead kept |" if share else ""), "|---|---|---|---|" + ("---|" if share else "")]
+    for (a, b), d, test, p in zip(pairs, differences, tests, adjusted):
+        wide = paired(d, level)
+        cells = [f"`{a}` - `{b}`", paired_cell(test), f"{p:.3f}" if p >= 0.001 else "< 0.001",
+                 f"[{wide.low:+.4f}, {wide.high:+.4f}]"]
+        if share:
+            lead_of = lambda label: [x - y for x, y in zip(finals[base], finals[label])]
+            r = ratio_of_means(lead_of(a), lead_of(leader), level)
+            cells.append(f"{r.estimate:.2f} [{r.low:.2f}, {r.high:.2f}]" if a != leader else "1")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def table(rows):
@@ -672,8 +746,10 @@ def report():
              "final loss minus a baseline's at the same seed is the sharper comparison: its mean over the seeds, "
              "the 95% confidence interval of that mean (Student's t), the two-sided paired t-test's p, and each "
              "seed's sign (-: the variant's loss is the lower). A difference whose interval holds 0 is within "
-             "noise, whatever its signs. Max grad norm: the largest global gradient norm before clipping in a "
-             "run, mean over seeds.", "", table(rows), ""]
+             "noise, whatever its signs. Max gain fwd / bwd: each run's largest composite gain (the MIX "
+             "product's largest row / column sum), mean over seeds. Max grad norm: the largest global gradient "
+             "norm before clipping in a run, mean over seeds.", "", table(rows), ""]
+    text += gates_section(curves, progress) + contrasts_section(curves)
     if grid:
         text += [f"Learning rates: each variant trains at its own, chosen on seed {tuning_seed}, which the "
                  f"comparison does not use: the rate of the lowest final val loss there, from the grid "

@@ -20,13 +20,14 @@ def mean_std(values):
 class Paired(NamedTuple):
     """A variant's final loss minus a baseline's at the same seed, over the seeds."""
     mean: float
-    low: float  # the 95% confidence interval of the mean difference (Student's t, n - 1 dof)
+    low: float  # the confidence interval of the mean difference (Student's t, n - 1 dof), 95% unless asked
     high: float
     p: float  # two-sided paired t-test of a zero mean difference; nan for one seed or all equal
     signs: str  # per seed: - (the variant lower), + (higher), 0 (equal)
 
 
-def paired(differences):
+def paired(differences, level=0.95):
+    """The paired statistics of these differences, the interval at `level`."""
     mean, std = mean_std(differences)
     signs = "".join("-" if d < 0 else "+" if d > 0 else "0" for d in differences)
     n = len(differences)
@@ -34,7 +35,7 @@ def paired(differences):
         return Paired(mean, math.nan, math.nan, math.nan, signs)  # one seed: no interval, no test
     if std == 0:
         return Paired(mean, mean, mean, math.nan, signs)
-    half = float(stats.t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+    half = float(stats.t.ppf(1 - (1 - level) / 2, n - 1)) * std / math.sqrt(n)
     return Paired(mean, mean - half, mean + half, float(stats.ttest_1samp(differences, 0.0).pvalue), signs)
 
 

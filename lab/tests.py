@@ -247,6 +247,26 @@ def test_committed_results_redraw_byte_for_byte(preset, tmp_path):
     assert (tmp_path / "README.md").read_text().split(marker)[1].split("<!-- end of table -->")[0] == table
 
 
+@pytest.mark.parametrize("preset", COMMITTED)
+def test_gain_column_is_each_runs_largest_mean_over_seeds(preset):
+    """Every committed table's "max gain fwd / bwd" cell, recomputed here from the runs'
+    metrics: each run's largest composite gain, then the mean over its seeds (the
+    aggregate the header defines; a max over seeds, or a last value, reads otherwise)."""
+    folder = os.path.join(LAB, "results", preset)
+    lines = open(os.path.join(folder, "results.md")).read().split("\n")
+    header = next(line for line in lines if line.startswith("| variant | final val loss"))
+    column = header.split(" | ").index("max gain fwd / bwd")
+    rows = lines[lines.index(header) + 2:]
+    cells = {line.split(" | ")[0].strip("|` "): line.split(" | ")[column] for line in rows[:rows.index("")]}
+    runs = json.load(open(os.path.join(folder, "run.json")))["runs"]
+    for label, cell in cells.items():
+        names = [name for name in runs if not name.startswith("tuning") and name.rsplit("-s", 1)[0] == label]
+        largest = {key: [max(row[key] for row in map(json.loads, open(os.path.join(folder, "metrics", name + ".jsonl")))
+                             if "val_loss" in row) for name in names] for key in ("gain_forward", "gain_backward")}
+        want = f"{statistics.mean(largest['gain_forward']):.3f} / {statistics.mean(largest['gain_backward']):.3f}"
+        assert names and cell == want, (preset, label, cell, want)
+
+
 @slow
 def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
     """The gates preset's static variant is norm_gated_ihc.clip with --alpha_init=0, run
@@ -321,6 +341,67 @@ def write_run_metrics(path, final_loss):
                  gain_backward=1.0, elapsed_s=i) for i in (0, 10)]
     rows.insert(1, dict(iter=5, loss=final_loss + 1, grad_norm=1.0, grad_norm_max=1.0))  # a progress row
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def redraw_with_losses(tmp_path, preset, finals, extra=lambda label, rows: None):
+    """--train=False on made-up metrics: each variant's final val loss per seed (seeds 1..),
+    its tuning runs on seed 7 best at 2e-3; extra(label, rows) may add to each run's rows."""
+    metrics_dir = tmp_path / "results" / "metrics"
+    for label, losses in finals.items():
+        for rate, loss in (("0.001", 3.0), ("0.002", 2.5), ("0.004", 3.0)):
+            write_run_metrics(metrics_dir / "tuning" / f"{label}-lr{rate}-s7.jsonl", loss)
+        for seed, loss in enumerate(losses, 1):
+            path = metrics_dir / f"{label}-s{seed}.jsonl"
+            write_run_metrics(path, loss)
+            rows = [json.loads(line) for line in path.read_text().splitlines()]
+            extra(label, rows)
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    status, _, stderr = run_in_this_process(
+        "lab/compare.py", f"--preset={preset}", f"--results_dir={tmp_path / 'results'}", f"--variants={','.join(finals)}",
+        f"--seeds={','.join(str(s) for s in range(1, len(next(iter(finals.values()))) + 1))}",
+        "--learning_rates=1e-3,2e-3,4e-3", "--tuning_seed=7", "--train=False")
+    assert status == 0, stderr
+    return (tmp_path / "results" / "results.md").read_text()
+
+
+def test_compare_tests_the_preregistered_contrasts_together(tmp_path):
+    """depth48_decomp's contrasts among residual, hc and hc.one_stream: hc - residual,
+    hc.one_stream - residual and - hc, m = 3. Each p is scipy's paired t-test, Holm's
+    adjustment is done here by hand, and the share of hc's lead that hc.one_stream keeps
+    is the ratio of the mean leads."""
+    finals = {"residual": [2.10, 2.12, 2.08, 2.11], "hc": [2.03, 2.06, 2.00, 2.05],
+              "hc.one_stream": [2.07, 2.08, 2.05, 2.09]}
+    text = redraw_with_losses(tmp_path, "depth48_decomp", finals)
+    pairs = [("hc", "residual"), ("hc.one_stream", "residual"), ("hc.one_stream", "hc")]
+    p = [scipy.stats.ttest_rel(finals[a], finals[b]).pvalue for a, b in pairs]
+    order = sorted(range(3), key=p.__getitem__)
+    holm = {order[0]: 3 * p[order[0]]}
+    holm[order[1]] = max(holm[order[0]], 2 * p[order[1]])
+    holm[order[2]] = max(holm[order[1]], p[order[2]])
+    lead = lambda label: statistics.mean(r - x for r, x in zip(finals["residual"], finals[label]))
+    for i, (a, b) in enumerate(pairs):
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{a}` - `{b}` |"))
+        assert row.split(" | ")[2] == (f"{holm[i]:.3f}" if holm[i] >= 0.001 else "< 0.001"), (row, holm)
+    row = next(line for line in text.splitlines() if line.startswith("| `hc.one_stream` - `residual` |"))
+    assert row.split(" | ")[4].startswith(f"{lead('hc.one_stream') / lead('hc'):.2f} ["), row
+    assert "3 tested together" in text and "interval at 0.9833" in text
+
+
+def test_compare_reports_the_gates_of_gated_variants(tmp_path):
+    """The gates table: at the final evaluation the mean over sublayers (and the most-reset
+    sublayer's share), then the mean over seeds; the gate-logit gradient norm over a run's
+    progress lines; ihc has no gates, no row."""
+    def gates(label, rows):
+        if label.startswith("norm_gated"):
+            seed_gate = 0.8 if rows[-1]["val_loss"] < 2.05 else 0.6  # seed 1: 0.8, seed 2: 0.6
+            rows[-1].update(gate_mean=[seed_gate, seed_gate + 0.1], gate_reset_fraction=[0.0, 0.04],
+                            gate_logits_clipped=[0.1, 0.3])
+            rows[1]["gate_grad_norm"] = 0.25 if seed_gate == 0.8 else 0.75
+
+    text = redraw_with_losses(tmp_path, "gate_lr", {"ihc": [2.1, 2.1], "norm_gated_ihc+gate_lr_mult=4": [2.0, 2.1]},
+                              gates)
+    assert "| `norm_gated_ihc+gate_lr_mult=4` | 0.750 | 2.00% | 4.00% | 20.00% | 0.5 |" in text, text
+    assert "| `ihc` | 1." not in text.split("Gates at the final evaluation")[1].split("\n\n")[1]
 
 
 def test_compare_chooses_each_rate_on_the_tuning_seed_alone(tmp_path):

@@ -27,6 +27,7 @@ dtype. The tests check every output and gradient against the PyTorch reference
 on the CPU in that interpreter (TRITON_INTERPRET=1, set before triton is
 imported), and compile every kernel for sm_90 and sm_80 at the model's constexprs
 and dtypes, with no spills (no GPU needed); the benchmark times them on a GPU.
+lab/kernels.md has the registers each kernel takes and why the tiles are sized so.
 
 Dimension legend: B batch, T time, n streams, C channels per stream, N = B*T
 tokens (or matrices); NP = n padded to a power of two.
@@ -63,6 +64,37 @@ def _on_device_of(t):
     """Launch under t's device: Triton launches on the current CUDA device, which need
     not be the tensor's (--device=cuda:1)."""
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+# Custom ops, not autograd.Functions: torch.compile treats a custom op as one opaque
+# node (shapes from its fake implementation) instead of tracing into the launcher,
+# which dynamo cannot do for kernels the interpreter runs and does only partly for
+# compiled ones (None pointers, constexpr arguments). The backward is its own op, so
+# a compiled backward graph holds it too.
+def _custom_op(name, fwd, bwd, fake, bwd_fake, grads=None):
+    """Register the launchers fwd and bwd as the custom ops streams::<name> and
+    streams::<name>_backward, each with its fake (its outputs' shapes and dtypes, all
+    torch.compile sees of it), and autograd from one to the other; return the first.
+    bwd takes fwd's tensor inputs, the gradient of fwd's output, then fwd's ints; it
+    returns the gradients of the tensor inputs, or grads(inputs, grad, bwd's results) does."""
+    op = torch.library.custom_op(f"streams::{name}", fwd, mutates_args=())
+    op.register_fake(fake)
+    bwd_op = torch.library.custom_op(f"streams::{name}_backward", bwd, mutates_args=())
+    bwd_op.register_fake(bwd_fake)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*(x for x in inputs if x is None or isinstance(x, torch.Tensor)))
+        ctx.ints = [x for x in inputs if not (x is None or isinstance(x, torch.Tensor))]
+
+    def backward(ctx, grad):
+        inputs = ctx.saved_tensors
+        results = bwd_op(*inputs, grad, *ctx.ints)
+        if grads is not None:
+            return grads(inputs, grad, results)
+        return ((results,) if isinstance(results, torch.Tensor) else tuple(results)) + (None,) * len(ctx.ints)
+
+    op.register_autograd(backward, setup_context=setup_context)
+    return op
 
 
 # -----------------------------------------------------------------------------
@@ -104,7 +136,7 @@ def _sinkhorn_load(ptr, N, n: tl.constexpr, NP: tl.constexpr, BLOCK_M: tl.conste
 
 
 # Whether the kernels run (slowly) on the CPU in Triton's interpreter: @triton.jit
-# decided it above, from TRITON_INTERPRET=1 set before triton was imported. Asked of
+# decided it above, from TRITON_INTERPRET=1 set before triton is imported. Asked of
 # the decorator's result, because each Triton version reads the variable its own way
 # (triton.knobs, which the older ones lack, from 3.4 on).
 INTERPRETED = isinstance(_sinkhorn_load, InterpretedFunction)
@@ -173,10 +205,8 @@ def _sinkhorn_bwd_kernel(
 
 # Elements of a (BLOCK_M, NP, NP) tile: 2 per thread at 4 warps. A thread holds a
 # row sum per row and a column sum per column of its elements for each of the
-# 2 * (iters - 1) steps, so the tile sets the backward's registers: at iters = 20,
-# 128 at n <= 4 and 176 at n = 5..8 (512 elements, 4 per thread, took 219 at n = 4
-# and 255 plus 304 bytes of spills at n = 5 and 7).
-SINKHORN_TILE = 256
+# 2 * (iters - 1) steps, so the tile sets the backward's registers.
+SINKHORN_TILE = 256  # the largest whose backward spills at no n = 2..8; lab/kernels.md has the measurements
 
 
 def _sinkhorn_meta(n, iters):
@@ -186,9 +216,7 @@ def _sinkhorn_meta(n, iters):
 
 
 def _sinkhorn_launch(logits, iters, grad_out=None):
-    """Forward: (..., n, n) float32 matrices. With grad_out: d logits, logits' dtype.
-    Registers per thread at n = 4, iters = 20 (sm_90 / sm_80, no spills): forward 16 / 16,
-    backward 128 / 128 (at most 176 for n = 2..8: tests.py's compile test)."""
+    """Forward: (..., n, n) float32 matrices. With grad_out: d logits, logits' dtype."""
     n = logits.shape[-1]
     assert logits.shape[-2] == n, f"sinkhorn needs square matrices, got {tuple(logits.shape)}"
     logits = logits.contiguous()
@@ -205,42 +233,17 @@ def _sinkhorn_launch(logits, iters, grad_out=None):
     return out
 
 
-# Custom ops, not autograd.Functions: torch.compile treats a custom op as one opaque
-# node (shapes from its fake implementation) instead of tracing into the launcher,
-# which dynamo cannot do for kernels the interpreter runs and does only partly for
-# compiled ones (None pointers, constexpr arguments). The backward is its own op, so
-# a compiled backward graph holds it too.
-@torch.library.custom_op("streams::sinkhorn", mutates_args=())
-def _sinkhorn_op(logits: torch.Tensor, iters: int) -> torch.Tensor:
+def _sinkhorn_fwd(logits: torch.Tensor, iters: int) -> torch.Tensor:
     return _sinkhorn_launch(logits, iters)
 
 
-@_sinkhorn_op.register_fake
-def _(logits, iters):
-    return logits.new_empty(logits.shape, dtype=torch.float32)
-
-
-@torch.library.custom_op("streams::sinkhorn_backward", mutates_args=())
-def _sinkhorn_backward_op(logits: torch.Tensor, grad_out: torch.Tensor, iters: int) -> torch.Tensor:
+def _sinkhorn_bwd(logits: torch.Tensor, grad_out: torch.Tensor, iters: int) -> torch.Tensor:
     return _sinkhorn_launch(logits, iters, grad_out)
 
 
-@_sinkhorn_backward_op.register_fake
-def _(logits, grad_out, iters):
-    return logits.new_empty(logits.shape)
-
-
-def _sinkhorn_setup(ctx, inputs, output):
-    logits, ctx.iters = inputs
-    ctx.save_for_backward(logits)
-
-
-def _sinkhorn_backward(ctx, grad_out):
-    (logits,) = ctx.saved_tensors
-    return _sinkhorn_backward_op(logits, grad_out, ctx.iters), None
-
-
-_sinkhorn_op.register_autograd(_sinkhorn_backward, setup_context=_sinkhorn_setup)
+_sinkhorn_op = _custom_op("sinkhorn", _sinkhorn_fwd, _sinkhorn_bwd,
+                          fake=lambda logits, iters: logits.new_empty(logits.shape, dtype=torch.float32),
+                          bwd_fake=lambda logits, grad_out, iters: logits.new_empty(logits.shape))
 
 
 def sinkhorn(logits, iters=20):
@@ -281,7 +284,7 @@ def _stream_shape(h, backward=False):
     with no shared memory and no barrier; and STREAM_TILE // NP^2 channels per chunk,
     which is the forward's tile up to n = 4 and 64 channels at n = 5..8, where a
     thread then holds 2 elements of each of g and h beside the 64 running sums of d mix
-    (4 x 128 would need 238 registers at n = 8 on sm_90; 4 x 64 needs 128)."""
+    (128 channels would take nearly all 255 registers at n = 8; lab/kernels.md has the measurements)."""
     n, C = h.shape[-2:]
     NP = triton.next_power_of_2(n)
     BLOCK_C = min(STREAM_BLOCK_C, triton.next_power_of_2(C))
@@ -385,10 +388,7 @@ def _stream_read_bwd_kernel(
     _store_coefs(dpre_ptr, t, N, dpre)
 
 
-# Registers per thread at n = 4 (sm_90 / sm_80, float32, no spills): forward 40 / 32,
-# backward 64 / 64.
-@torch.library.custom_op("streams::stream_read", mutates_args=())
-def _stream_read_op(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+def _stream_read_fwd(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     h, pre = h.contiguous(), pre.contiguous()  # h may be an expand()ed view
     N, n, C, meta = _stream_shape(h)
     x = torch.empty(h.shape[:-2] + (C,), dtype=h.dtype, device=h.device)  # (B,T,C)
@@ -398,13 +398,7 @@ def _stream_read_op(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return x
 
 
-@_stream_read_op.register_fake
-def _(h, pre):
-    return h.new_empty(h.shape[:-2] + h.shape[-1:])
-
-
-@torch.library.custom_op("streams::stream_read_backward", mutates_args=())
-def _stream_read_backward_op(h: torch.Tensor, pre: torch.Tensor, dx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _stream_read_bwd(h: torch.Tensor, pre: torch.Tensor, dx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     h, pre = h.contiguous(), pre.contiguous()
     N, n, C, meta = _stream_shape(h, backward=True)
     dh, dpre = torch.empty_like(h), torch.empty_like(pre)
@@ -413,21 +407,9 @@ def _stream_read_backward_op(h: torch.Tensor, pre: torch.Tensor, dx: torch.Tenso
     return dh, dpre
 
 
-@_stream_read_backward_op.register_fake
-def _(h, pre, dx):
-    return h.new_empty(h.shape), pre.new_empty(pre.shape)
-
-
-def _save_inputs(ctx, inputs, output):
-    """setup_context of the stream read and write: their backward ops take every input."""
-    ctx.save_for_backward(*inputs)
-
-
-def _stream_read_backward(ctx, dx):
-    return _stream_read_backward_op(*ctx.saved_tensors, dx)
-
-
-_stream_read_op.register_autograd(_stream_read_backward, setup_context=_save_inputs)
+_stream_read_op = _custom_op("stream_read", _stream_read_fwd, _stream_read_bwd,
+                             fake=lambda h, pre: h.new_empty(h.shape[:-2] + h.shape[-1:]),
+                             bwd_fake=lambda h, pre, dx: (h.new_empty(h.shape), pre.new_empty(pre.shape)))
 
 
 def stream_read(h, pre):
@@ -567,11 +549,7 @@ def _mix_kind(h, mix):
     return (MIX_DIAGONAL if mix.dim() == h.dim() - 1 else MIX_FULL).value
 
 
-# Registers per thread at n = 4 (sm_90 / sm_80; float32 state and coefficients, bf16 y;
-# no spills): forward 56 / 56 identity, 62 / 62 diagonal, 80 / 80 full; backward
-# 63 / 64, 108 / 88, 125 / 124. At most 128 for any n = 2..8 (tests.py's compile test).
-@torch.library.custom_op("streams::stream_write", mutates_args=())
-def _stream_write_op(h: torch.Tensor, mix: torch.Tensor | None, post: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _stream_write_fwd(h: torch.Tensor, mix: torch.Tensor | None, post: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     h, post, y = h.contiguous(), post.contiguous(), y.contiguous()  # h may be an expand()ed view
     kind, mix = _mix_kind(h, mix), None if mix is None else mix.contiguous()
     N, n, C, meta = _stream_shape(h)
@@ -582,17 +560,11 @@ def _stream_write_op(h: torch.Tensor, mix: torch.Tensor | None, post: torch.Tens
     return out
 
 
-@_stream_write_op.register_fake
-def _(h, mix, post, y):
-    return h.new_empty(h.shape)
-
-
 # A custom op may not return an input, nor None: with the identity, d h is g itself
-# (returned by the autograd formula below) and there is no d mix, so the op returns
+# (the registration's grads returns it) and there is no d mix, so the op returns
 # [d post, d y]; otherwise [d h, d mix, d post, d y].
-@torch.library.custom_op("streams::stream_write_backward", mutates_args=())
-def _stream_write_backward_op(h: torch.Tensor, mix: torch.Tensor | None, post: torch.Tensor, y: torch.Tensor,
-                              g: torch.Tensor) -> list[torch.Tensor]:
+def _stream_write_bwd(h: torch.Tensor, mix: torch.Tensor | None, post: torch.Tensor, y: torch.Tensor,
+                      g: torch.Tensor) -> list[torch.Tensor]:
     h, post, y, g = h.contiguous(), post.contiguous(), y.contiguous(), g.contiguous()
     kind, mix = _mix_kind(h, mix), None if mix is None else mix.contiguous()
     N, n, C, meta = _stream_shape(h, backward=True)
@@ -606,22 +578,12 @@ def _stream_write_backward_op(h: torch.Tensor, mix: torch.Tensor | None, post: t
     return [dpost, dy] if identity else [dh, dmix, dpost, dy]
 
 
-@_stream_write_backward_op.register_fake
-def _(h, mix, post, y, g):
-    grads = [post.new_empty(post.shape), y.new_empty(y.shape)]
-    return grads if mix is None else [h.new_empty(h.shape), mix.new_empty(mix.shape)] + grads
-
-
-def _stream_write_backward(ctx, g):
-    h, mix, post, y = ctx.saved_tensors
-    grads = _stream_write_backward_op(h, mix, post, y, g)
-    if mix is None:
-        dpost, dy = grads
-        return g, None, dpost, dy
-    return tuple(grads)
-
-
-_stream_write_op.register_autograd(_stream_write_backward, setup_context=_save_inputs)
+_stream_write_op = _custom_op(
+    "stream_write", _stream_write_fwd, _stream_write_bwd,
+    fake=lambda h, mix, post, y: h.new_empty(h.shape),
+    bwd_fake=lambda h, mix, post, y, g: [t.new_empty(t.shape)
+                                         for t in ((post, y) if mix is None else (h, mix, post, y))],
+    grads=lambda inputs, g, results: (g, None, *results) if inputs[1] is None else tuple(results))
 
 
 def stream_write(h, mix, post, y):

@@ -24,84 +24,6 @@ from residuals import GatedIHC
 from variants import RESIDUALS
 
 
-@dataclass
-class GPTConfig:
-    """nanoGPT's model, and the residual topology; checkpoints keep these as model_args."""
-    block_size: int = 1024
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # bias in Linears and LayerNorms, as GPT-2
-    residual: str = "residual"  # a topology (residuals.py) or a study variant (variants.py): a key of RESIDUALS
-    n_streams: int = 1  # n, the number of residual streams
-    alpha_init: float = 0.01  # initial a_* (mHC) and s (HC) coefficient scales
-    sinkhorn_iters: int = 20  # mhc
-    kernels: str = "fused"  # implementation of the stream ops: one of KERNELS (see stream_ops)
-
-
-KERNELS = ("reference", "fused", "triton")
-
-
-def load_checkpoint(path):
-    """train.py's checkpoint at path. Any damage (truncated, corrupted, not ours) is a
-    ValueError with a one-line message naming the file."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"cannot load checkpoint {path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                         f"it is truncated, corrupted or not from this train.py") from e
-    unknown = set(checkpoint.get("model_args", {})) - set(GPTConfig.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"checkpoint {path} names settings this model does not have ({', '.join(sorted(unknown))}); "
-                         f"it was made by an older train.py, before the study variants became names (variants.py)")
-    return checkpoint
-
-
-def check_config(config):
-    """Raise ValueError with a one-line message for a config the model cannot build.
-    A setting the topology does not read (alpha_init for residual, sinkhorn_iters
-    but for mhc) is an error when set, never silently ignored."""
-    if config.residual not in RESIDUALS:
-        raise ValueError(f"unknown residual '{config.residual}'; choose one of: {', '.join(RESIDUALS)}")
-    Topology = RESIDUALS[config.residual]
-    lo, hi = Topology.n_streams_allowed
-    if not lo <= config.n_streams <= hi:
-        allowed = f"exactly {lo}" if lo == hi else f"from {lo} to {hi}"
-        raise ValueError(f"residual '{config.residual}' needs n_streams {allowed}, got {config.n_streams}")
-    unused = [key for key in ("alpha_init", "sinkhorn_iters")
-              if getattr(config, key) != getattr(GPTConfig, key) and key not in Topology.settings]
-    if unused:
-        raise ValueError(f"{', '.join(unused)}: '{config.residual}' does not use it; it applies to "
-                         + ", ".join(name for name, T in RESIDUALS.items() if unused[0] in T.settings))
-    if config.n_embd % config.n_head:
-        raise ValueError(f"n_embd ({config.n_embd}) must be a multiple of n_head ({config.n_head})")
-    if config.kernels not in KERNELS:
-        raise ValueError(f"unknown kernels '{config.kernels}'; choose one of: {', '.join(KERNELS)}")
-
-
-def stream_ops(name):
-    """The one switch: the module whose stream_read, stream_write, sinkhorn,
-    rms_projection and dynamic_read every topology calls. reference: residuals.py,
-    plain PyTorch that autograd differentiates (the maths); fused: fused.py, the
-    same ops with hand-written backwards (fast on a CPU); triton: kernels.py, GPU
-    kernels (or Triton's CPU interpreter with TRITON_INTERPRET=1)."""
-    if name == "triton":
-        try:
-            import kernels  # imported only when asked for: it needs triton
-        except ModuleNotFoundError as e:
-            if e.name != "triton":
-                raise
-            raise RuntimeError("triton is not installed (it has wheels for Linux only); use kernels='fused'") from None
-        kernels.check_triton_available()  # RuntimeError with the reason, never a silent fallback
-        return kernels
-    if name == "fused":
-        import fused
-        return fused
-    return residuals
-
-
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
@@ -153,6 +75,26 @@ class Block(nn.Module):
     def forward(self, h):  # h (B,T,n,C)
         h = self.attn_topology(h, self.attn_sublayer)
         return self.mlp_topology(h, self.mlp_sublayer)
+
+
+@dataclass
+class GPTConfig:
+    """nanoGPT's model, and the residual topology; checkpoints keep these as model_args."""
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # bias in Linears and LayerNorms, as GPT-2
+    residual: str = "residual"  # a topology (residuals.py) or a study variant (variants.py): a key of RESIDUALS
+    n_streams: int = 1  # n, the number of residual streams
+    alpha_init: float = 0.01  # initial a_* (mHC) and s (HC) coefficient scales
+    sinkhorn_iters: int = 20  # mhc
+    kernels: str = "fused"  # implementation of the stream ops: one of KERNELS (see stream_ops)
+
+
+KERNELS = ("reference", "fused", "triton")
 
 
 class GPT(nn.Module):
@@ -289,3 +231,61 @@ class GPT(nn.Module):
             probs = F.softmax(logits, dim=-1)
             idx = torch.cat((idx, torch.multinomial(probs, num_samples=1, generator=generator)), dim=1)
         return idx
+
+
+def load_checkpoint(path):
+    """train.py's checkpoint at path. Any damage (truncated, corrupted, not ours) is a
+    ValueError with a one-line message naming the file."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"cannot load checkpoint {path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                         f"it is truncated, corrupted or not from this train.py") from e
+    unknown = set(checkpoint.get("model_args", {})) - set(GPTConfig.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"checkpoint {path} names settings this model does not have ({', '.join(sorted(unknown))}); "
+                         f"it was made by an older train.py, before the study variants became names (variants.py)")
+    return checkpoint
+
+
+def check_config(config):
+    """Raise ValueError with a one-line message for a config the model cannot build.
+    A setting the topology does not read (alpha_init for residual, sinkhorn_iters
+    but for mhc) is an error when set, never silently ignored."""
+    if config.residual not in RESIDUALS:
+        raise ValueError(f"unknown residual '{config.residual}'; choose one of: {', '.join(RESIDUALS)}")
+    Topology = RESIDUALS[config.residual]
+    lo, hi = Topology.n_streams_allowed
+    if not lo <= config.n_streams <= hi:
+        allowed = f"exactly {lo}" if lo == hi else f"from {lo} to {hi}"
+        raise ValueError(f"residual '{config.residual}' needs n_streams {allowed}, got {config.n_streams}")
+    unused = [key for key in ("alpha_init", "sinkhorn_iters")
+              if getattr(config, key) != getattr(GPTConfig, key) and key not in Topology.settings]
+    if unused:
+        raise ValueError(f"{', '.join(unused)}: '{config.residual}' does not use it; it applies to "
+                         + ", ".join(name for name, T in RESIDUALS.items() if unused[0] in T.settings))
+    if config.n_embd % config.n_head:
+        raise ValueError(f"n_embd ({config.n_embd}) must be a multiple of n_head ({config.n_head})")
+    if config.kernels not in KERNELS:
+        raise ValueError(f"unknown kernels '{config.kernels}'; choose one of: {', '.join(KERNELS)}")
+
+
+def stream_ops(name):
+    """The one switch: the module whose stream_read, stream_write, sinkhorn,
+    rms_projection and dynamic_read every topology calls. reference: residuals.py,
+    plain PyTorch that autograd differentiates (the maths); fused: fused.py, the
+    same ops with hand-written backwards (fast on a CPU); triton: kernels.py, GPU
+    kernels (or Triton's CPU interpreter with TRITON_INTERPRET=1)."""
+    if name == "triton":
+        try:
+            import kernels  # imported only when asked for: it needs triton
+        except ModuleNotFoundError as e:
+            if e.name != "triton":
+                raise
+            raise RuntimeError("triton is not installed (it has wheels for Linux only); use kernels='fused'") from None
+        kernels.check_triton_available()  # RuntimeError with the reason, never a silent fallback
+        return kernels
+    if name == "fused":
+        import fused
+        return fused
+    return residuals

@@ -1976,7 +1976,7 @@ def test_kernels_compile_without_spills(arch, ns):
     trip through. Every kernel, at the model's constexprs and dtypes, for an
     H100/H200 (sm_90) at every n = 2..8 and for an A100 (sm_80) at the default n = 4
     and the largest, n = 8 (the full sweep of both takes ~125 s on one core; sm_80 at
-    every n was measured free of spills too, see kernels.py)."""
+    every n was measured free of spills too, see lab/kernels.md)."""
     usage = compile_for_gpu(ns, [arch])
     assert len(usage) == 10 * len(ns), usage
     spilled = {key: u for key, u in usage.items() if u[1] or u[2]}

@@ -20,9 +20,10 @@ import scipy.stats
 import torch
 
 from conftest import ROOT, TINY, command_of, metrics, run, run_in_this_process, slow, train_here
-from lab import flops, stats
+from lab import flops, presets, stats
 from model import GPT, GPTConfig
 from residuals import TOPOLOGIES
+from variants import RESIDUALS
 
 LAB = os.path.join(ROOT, "lab")
 
@@ -218,6 +219,16 @@ def test_compare_redraws_the_table_and_plots_byte_for_byte(compared, tmp_path):
     assert [name for name in drawn if redrawn.get(name) != drawn[name]] == []
     status, _, stderr = run_in_this_process(*redraw, "--train_args=--max_iters=31")  # not what these runs had
     assert status == 2 and "were trained with other arguments" in stderr, stderr
+
+
+@pytest.mark.parametrize("preset", list(presets.PRESETS))
+def test_every_label_names_the_model_it_trains(preset):
+    """A label is the variant it trains (--residual=<the name before any +>), and each
+    +key=value it carries is an argument of its run: no label names another model."""
+    for label, args in presets.PRESETS[preset].variants.items():
+        name, *settings = label.split("+")
+        assert re.fullmatch(r"[\w.+=]+", label) and name in RESIDUALS, label
+        assert f"--residual={name}" in args and all(f"--{setting}" in args for setting in settings), (label, args)
 
 
 COMMITTED = sorted(name for name in os.listdir(os.path.join(LAB, "results"))

@@ -3,6 +3,7 @@ The lab's tests: python -m pytest lab/tests.py (the quick check: -m "not slow").
 compare.py (its presets, resuming, the redraw of every committed study, the
 tuning grid), flops.py, plot.py, depth_sweep.py, bench.py and gpu_check.sh.
 """
+import glob
 import json
 import math
 import os
@@ -297,25 +298,14 @@ def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
     assert f"| {d:+.4f} (one seed: no interval), {'-' if d < 0 else '+'} | " in table, table
 
 
-def test_readme_summary_quotes_the_committed_results():
-    """Every cell of the README's results summary is the same cell of
-    results/<preset>/results.md, which compare.py wrote from the committed metrics."""
+def test_readme_quotes_the_committed_results():
+    """Every paired cell the README's findings quote (`mean [low, high], p ..., signs`)
+    is a cell of a committed results.md, which compare.py wrote from the metrics."""
     readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme.split("\n## What the results say")[1].split("\n## ")[0]
-    header, _, *rows = [line for line in section.splitlines() if line.startswith("|")]
-    presets = re.findall(r"\(`(\w+)`\)", header)
-    assert presets and rows, "the README has no summary table"
-    tables = {}
-    for preset in presets:
-        with open(os.path.join(LAB, "results", preset, "results.md")) as f:
-            text = f.read()
-        first_table = text[text.index("\n|"):].split("\n\n")[0]  # the comparison's, not the grid's below it
-        lines = [line.split(" | ") for line in first_table.splitlines() if line.startswith("| `")]
-        tables[preset] = {cells[0].strip("| "): cells for cells in lines}
-    for row in rows:
-        label, *cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
-        for preset, cell in zip(presets, cells):
-            assert cell in ("", "not run") or cell == tables[preset][label][3], (preset, label, cell)
+    section = readme.split("\n## What the studies found")[1].split("\n## ")[0]
+    quoted = re.findall(r"`([-+]\d\.\d{4} \[[-+]\d\.\d{4}, [-+]\d\.\d{4}\], p [^`]+)`", section.replace("\n  ", " "))
+    tables = "".join(open(path).read() for path in glob.glob(os.path.join(LAB, "results", "*", "results.md")))
+    assert quoted and all(f"| {cell} |" in tables for cell in quoted), quoted
 
 
 @slow

@@ -1,0 +1,1 @@
+"""The lab: studies, benchmarks and their results."""

@@ -21,9 +21,10 @@ import scipy.stats
 import torch
 
 from conftest import ROOT, TINY, command_of, metrics, run, run_in_this_process, slow, train_here
-from lab import flops, presets, stats
+from lab import counterexample, flops, presets, stats
 from model import GPT, GPTConfig
 from residuals import TOPOLOGIES
+from theory import DT
 from variants import RESIDUALS
 
 LAB = os.path.join(ROOT, "lab")
@@ -61,6 +62,91 @@ def test_fieller_interval_is_where_the_paired_test_stops_rejecting():
     assert p_at(r.estimate) == pytest.approx(1.0)
     unbounded = stats.ratio_of_means(a, [0.05, -0.04, 0.06, -0.05, 0.01])  # b's mean is not told from 0
     assert (unbounded.low, unbounded.high) == (-math.inf, math.inf)
+
+
+# =============================================================================
+# lab/counterexample.py
+# =============================================================================
+
+def phi_written_out(t):  # again, so that a wrong theory.phi cannot pass
+    return t ** 2 / (1 + torch.exp(-t))
+
+
+@pytest.mark.parametrize("name", ["hc", "gated_ihc", "norm_gated_ihc"])
+def test_counterexample_construction_in_the_real_classes(name):
+    """Seed 000's construction wired into residuals.py's classes, run through their
+    forward, on the script's inputs: hc's signed reads give the target to rounding;
+    the gates reset the zero-sum direction exactly (a layer-0 gate at 0 on every point,
+    the erased direction q) and, as their reads are positive, miss the target by
+    O(sigmoid(-K)^2): the loss falls like exp(-2K). The script's MSE and reset
+    measures agree with the same quantities written out here."""
+    x, y = counterexample.data(1, 2048)
+    x1, x2 = x.unbind(-1)
+    target = x1 + x2 + phi_written_out(phi_written_out(x1 - x2))
+    assert torch.allclose(y, target, rtol=1e-12, atol=0)
+    losses = {}
+    for K in (10.0, 20.0):
+        net = counterexample.construction(name, K)
+        with torch.no_grad():
+            losses[K] = (net(x) - target).square().mean().item()
+            assert counterexample.mse(net, x, y).item() == pytest.approx(losses[K], rel=1e-6, abs=1e-28)
+        measures = counterexample.reset_measures(net, x)
+        carry = net.carry(x).detach()  # M(x) = MIX_0 E: keeps x1 + x2, erases x1 - x2
+        assert (carry @ torch.tensor([1.0, -1.0], dtype=DT)).abs().max() < 1e-12
+        assert measures["ratio"] < 1e-12 and measures["cos"] > 1 - 1e-12, measures
+    if name == "hc":
+        assert max(losses.values()) < 1e-25, losses
+        assert math.isnan(measures["reset"])
+    else:
+        assert measures["reset"] == 1.0 and measures["low_gate"] == 0.0, measures
+        assert 1e-9 < losses[10.0] < 1e-5 and losses[20.0] < 1e-13, losses
+        assert 0.5 < losses[20.0] / losses[10.0] / math.exp(-20) < 2, losses
+
+
+def test_counterexample_ihc_approaches_the_target_without_a_reset():
+    """ihc cannot compute the target (seed 000 section 4), but on a bounded box it gets
+    as close as one likes with a growing weight: phi(x1 - x2) written at scale t and
+    read back at 1/t, the raw x1 - x2 still in the state (no direction erased), the
+    MSE falling like 1/t^2. So the floor the construction reaches is ihc's infimum too."""
+    x, y = counterexample.data(1, 2048)
+    losses = {}
+    for t in (1e2, 1e4):
+        net = counterexample.ihc_without_reset(t)
+        with torch.no_grad():
+            losses[t] = counterexample.mse(net, x, y).item()
+        assert counterexample.reset_measures(net, x)["ratio"] > 0.01
+    assert 0.5 < losses[1e4] / losses[1e2] / 1e-4 < 2 and losses[1e4] < 1e-4, losses
+
+
+def test_counterexample_training_run_lowers_the_loss_it_reports(monkeypatch):
+    """A short run of the script's own training (150 steps): every topology starts at
+    its own init (no reset: no layer-0 gate at 0, a full-rank carry) and lowers its
+    training MSE tenfold; the curve and the final losses it returns are the MSEs of
+    the network on the script's points."""
+    for key, value in dict(steps=150, log_every=50, points=128, test_points=256, probe_points=64).items():
+        monkeypatch.setattr(counterexample, key, value)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the script runs: ops this small only lose time to threading (10x on a busy CPU)
+    try:
+        for name in ("ihc", "gated_ihc", "hc"):
+            net = counterexample.CounterexampleNet(name, 4, torch.Generator().manual_seed(1))
+            config = GPTConfig(n_layer=1, n_head=1, n_embd=1, residual=name, n_streams=2)
+            fresh = TOPOLOGIES[name](config, 0, stream_ops("fused")).to(DT)
+            assert all(torch.equal(a, b) for a, b in zip(net.topologies[0].state_dict().values(),
+                                                         fresh.state_dict().values()))
+            (x, y), (x_test, _) = counterexample.split(1)
+            assert len(x) == 128 and len(x_test) == 256
+            start = counterexample.reset_measures(net, x_test)
+            assert start["ratio"] > 0.5 and not start["reset"] > 0, start  # reset: nan without gates
+            with torch.no_grad():
+                first = counterexample.mse(net, x, y).item()
+            result = counterexample.train_one(name, 1, 0.03)
+            assert [row["step"] for row in result["curve"]] == [0, 50, 100, 150]
+            assert result["curve"][0]["loss"] == pytest.approx(first, rel=1e-12)
+            assert result["train"] == result["curve"][-1]["loss"] < first / 10, (name, first, result["train"])
+            assert math.isfinite(result["test"]) and result["test"] < first / 5, (name, first, result["test"])
+    finally:
+        torch.set_num_threads(threads)
 
 
 # =============================================================================

@@ -73,7 +73,7 @@ import theory
 from configurator import check_ranges, configure, fail
 from model import GPTConfig, stream_ops
 from residuals import TOPOLOGIES, GatedIHC
-from stats import paired
+from lab.stats import paired
 
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)

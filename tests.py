@@ -15,6 +15,7 @@ cases, compiling, and train.py or compare.py in processes of their own. Every
 script a test starts runs under sys.executable, never the python3 on PATH
 (python_on_path_is_not_this_one).
 """
+import ast
 import contextlib
 import glob
 import io
@@ -50,7 +51,7 @@ import configurator
 import flops
 import residuals
 import theory
-from model import GPT, GPTConfig, check_config, stream_ops
+from model import GPT, GPTConfig, check_config, choose_device, stream_ops
 from prepare import DATA_DIR, get_batch, gpt2_tokenizer, prepare_dataset, write_atomically
 from residuals import TOPOLOGIES
 from theory import DT
@@ -1088,6 +1089,7 @@ def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stde
     (["--residual=mhc_lite", "--n_streams=6"], "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
     (["--residual=residual", "--n_streams=4"], "residual 'residual' needs n_streams exactly 1, got 4"),
     (["--residual=ihc", "--gate_lr_mult=4"], "gate_lr_mult: 'ihc' has no gates; it applies to gated_ihc, "),
+    (["--learning_rate=1e999"], "--learning_rate=inf: must be a finite number"),  # inside x > 0, but not a rate
 ])
 def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
     status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
@@ -1119,7 +1121,7 @@ def test_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert configurator.choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
+    assert choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
 
 
 @pytest.mark.parametrize("asked, gpus, message", [
@@ -1128,12 +1130,11 @@ def test_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatc
     ("cuda", 0, "device 'cuda:0' asked for, but torch sees no CUDA GPU"),
     ("cudax", 1, "unknown device 'cudax'"),
 ])
-def test_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch, capsys):
+def test_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    with pytest.raises(SystemExit):
-        configurator.choose_device(asked, "float32")
-    assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match=re.escape(message)):
+        choose_device(asked, "float32")
 
 
 def test_train_checks_out_dir_before_training(tmp_path):
@@ -1141,6 +1142,37 @@ def test_train_checks_out_dir_before_training(tmp_path):
     blocker.write_text("not a folder")
     status, out, err = run_in_this_process("train.py", f"--out_dir={blocker / 'run'}", "--max_iters=1000000")
     assert status == 2 and "is not writable" in err and "iter 0" not in out, "checked before any training"
+
+
+def test_configure_applies_files_then_flags_as_nanogpt(tmp_path):
+    """A config file of plain assignments (its imports and _helpers are not
+    settings), then --key=value as a Python literal of the default's type (an int
+    is taken for a float; a text setting takes the text as typed); the keys set."""
+    preset = tmp_path / "preset.py"
+    preset.write_text("import math\nn_layer = 6\nlearning_rate = 1e-3\n_half = math.pi / 2\n")
+    config = dict(n_layer=4, learning_rate=4e-3, out_dir="", compile=False, seeds="1")
+    keys = configurator.configure(config, [str(preset), "--learning_rate=1", "--out_dir=2024", "--compile=True",
+                                           "--seeds=1,2"])
+    assert keys == {"n_layer", "learning_rate", "out_dir", "compile", "seeds"}
+    assert config == dict(n_layer=6, learning_rate=1.0, out_dir="2024", compile=True, seeds="1,2")
+    assert type(config["learning_rate"]) is float
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n_layer=6.0"], "--n_layer=6.0: expected a value of type int (default 4)"),
+    (["--compile=1"], "--compile=1: expected a value of type bool (default False)"),
+    (["--n_layer"], "argument '--n_layer' is not of the form --key=value"),
+    (["--layers=6"], "unknown key 'layers'; valid keys: n_layer, compile"),
+    (["no_such_file.py"], "cannot read config file 'no_such_file.py': No such file or directory"),
+    (["PRESET"], "sets unknown key 'n_layers'; valid keys: n_layer, compile"),
+])
+def test_configure_mistakes_are_one_line_errors(argv, message, tmp_path, capsys):
+    preset = tmp_path / "preset.py"
+    preset.write_text("n_layers = 6\n")
+    with pytest.raises(SystemExit) as stopped:
+        configurator.configure(dict(n_layer=4, compile=False), [str(preset) if a == "PRESET" else a for a in argv])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
 class Checked(Exception):
@@ -1164,20 +1196,18 @@ def settings_and_ranges(script, monkeypatch):
     return seen["settings"], seen["ranges"]
 
 
-def beside_the_ends(r, default):
-    """The values just outside and just inside each finite end of the range r, in the
-    setting's type (never the special value as an outside one); the special value too."""
+def beside_the_ends(rule, settings, key):
+    """Each end of a range (a comparison of x with numbers or settings: "x >= 1",
+    "0 <= x <= learning_rate"), and the values just below and above it, in the
+    setting's type; split, by the comparison itself, into outside and inside."""
+    compare, default = ast.parse(rule, mode="eval").body, settings[key]
+    assert isinstance(compare, ast.Compare), f"{key}: the range {rule!r} is not a plain comparison"
+    ends = [eval(ast.unparse(side), dict(settings)) for side in (compare.left, *compare.comparators)
+            if ast.unparse(side) != "x"]
     step = (lambda v, d: v + d) if isinstance(default, int) else (lambda v, d: math.nextafter(v, d * math.inf))
-    outside, inside = [], [] if r.special is None else [r.special]
-    for end, is_open, d in ((r.low, r.low_open, -1), (r.high, r.high_open, 1)):
-        if math.isinf(end):
-            continue
-        out, into = (end, step(end, -d)) if is_open else (step(end, d), end)
-        while out == r.special:
-            out = step(out, d)
-        outside.append(type(default)(out))
-        inside.append(type(default)(into))
-    return outside, inside
+    near = sorted({type(default)(v) for end in ends for v in (step(end, -1), end, step(end, 1))})
+    inside = [v for v in near if eval(rule, {**settings, "x": v})]
+    return [v for v in near if v not in inside], inside
 
 
 @pytest.mark.parametrize("args, rates", [((), (4e-3, 4e-4)), (("--learning_rate=1e-4",), (1e-4, 1e-5)),
@@ -1214,8 +1244,8 @@ def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monke
             check(config, {key: ranges[key]})
             raise Checked
 
-        outside, inside = beside_the_ends(configurator.parse_range(text, settings), settings[key])
-        assert outside, f"{script}: {key}'s range {text} has no finite end"
+        outside, inside = beside_the_ends(text, settings, key)
+        assert outside and inside, f"{script}: {key}'s range {text} has no finite end"
         for value in outside:
             status, _, stderr = run_in_this_process(script, f"--{key}={value!r}")
             assert status == 2 and stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
@@ -1232,6 +1262,7 @@ def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monke
     ("prepare.py", ["--tokenizer=bpe", "--input=data/shakespeare/input.txt"], "unknown tokenizer 'bpe'"),
     ("sample.py", ["--temprature=0.5"], "unknown key 'temprature'; valid keys: out_dir, start"),
     ("sample.py", ["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
+    ("sample.py", ["--device=tpu"], "unknown device 'tpu'; choose auto, cpu, cuda, cuda:N or mps"),
     ("bench.py", ["--device=tpu"], "no benchmark section for device 'tpu'; choose one of: cpu, cuda"),
     ("bench.py", ["--rounds=many"], "--rounds=many: expected a value of type int"),
     ("bench.py", ["--profile=residual"], "--profile takes a topology other than residual, with --device=cpu"),

@@ -1046,6 +1046,31 @@ def test_progress_rows_hold_the_gradient_norm_before_clipping(grad_clip, tmp_pat
     assert rows[0]["grad_norm_max"] == rows[0]["grad_norm"] and all(math.isfinite(r["loss"]) for r in rows)
 
 
+def test_metrics_rows_summarise_their_interval(tmp_path):
+    """The same run logged every iteration and every 2 (an evaluation at 3, inside a
+    pair): a progress row holds its last iteration's loss and gradient norm, the
+    largest gradient norm and the mean gate gradient norm of its iterations, and the
+    rate of its last step (warmup: the step at it - 1 ran at it / 11 of the peak);
+    nothing else. An evaluation row holds the rate it is at, and the training speed
+    (0 before any training) and time so far."""
+    for every in (1, 2):
+        train_here("--residual=gated_ihc", "--max_iters=6", "--eval_interval=3", f"--log_interval={every}",
+                   f"--out_dir={tmp_path / str(every)}", *TINY)
+    ones, twos = metrics(tmp_path / "1", "grad_norm"), metrics(tmp_path / "2", "grad_norm")
+    assert [r["iter"] for r in ones] == [1, 2, 3, 4, 5, 6] and [r["iter"] for r in twos] == [2, 4, 6]
+    for row in twos:
+        pair = ones[row["iter"] - 2:row["iter"]]
+        assert row == dict(iter=row["iter"], loss=pair[1]["loss"], grad_norm=pair[1]["grad_norm"],
+                           grad_norm_max=max(r["grad_norm"] for r in pair), lr=4e-3 * row["iter"] / 11,
+                           gate_grad_norm=(pair[0]["gate_grad_norm"] + pair[1]["gate_grad_norm"]) / 2), row
+    assert any(r["grad_norm_max"] != r["grad_norm"] for r in twos), "a pair whose larger norm is not its last"
+    evaluations = metrics(tmp_path / "2")
+    assert [(r["iter"], r["lr"]) for r in evaluations] == [(0, 4e-3 / 11), (3, 4e-3 * 4 / 11), (6, 4e-3 * 7 / 11)]
+    assert [r["tokens_per_sec"] > 0 for r in evaluations] == [False, True, True]
+    assert 0 < evaluations[0]["elapsed_s"] < evaluations[1]["elapsed_s"] < evaluations[2]["elapsed_s"]
+    assert {"train_loss", "val_loss", "gain_forward", "gate_mean"} <= set(evaluations[0])
+
+
 @pytest.mark.parametrize("progress, stderr_is_a_terminal, bar", [
     ("auto", False, False), ("auto", True, True), ("bar", False, True), ("lines", True, False)])
 @slow
@@ -1290,34 +1315,38 @@ def start_training(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-# train.py with an evaluation that cannot finish on its own: the first one after
-# training began waits in its first batch for an Event nobody sets, and says so;
-# only a signal ends it. argv[1] "evaluation,save": the checkpoint's write waits too.
+# train.py with an evaluation that cannot finish before a signal: the first one
+# after training began waits in its first batch, and says so, until train.py's
+# signal handler has run; only train.py's abandoning it then keeps its remaining
+# batches from running (they no longer wait). argv[1] "evaluation,save": the
+# checkpoint's write waits for ever too.
 BLOCKED = """
-import runpy, sys, threading
+import runpy, signal, sys, threading
 import torch
 import model
 
 blocked, sys.argv = sys.argv[1].split(","), sys.argv[2:]
-forward, trained = model.GPT.forward, []
+forward, trained, signalled = model.GPT.forward, [], threading.Event()
+install = signal.signal
+signal.signal = lambda signum, handler: install(signum, lambda *a: (handler(*a), signalled.set()))
 
 
-def wait_for_ever(what):
+def wait_for(event, what):
     print(what, "blocked", flush=True)
-    threading.Event().wait()
+    event.wait()
 
 
 def forward_or_wait(self, *args, **kwargs):
     if self.training:
         trained.append(True)
-    elif trained:
-        wait_for_ever("evaluation")
+    elif trained and not signalled.is_set():
+        wait_for(signalled, "evaluation")
     return forward(self, *args, **kwargs)
 
 
 model.GPT.forward = forward_or_wait
 if "save" in blocked:
-    torch.save = lambda *args, **kwargs: wait_for_ever("save")
+    torch.save = lambda *args, **kwargs: wait_for(threading.Event(), "save")
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
@@ -1348,7 +1377,7 @@ def straight_60(tmp_path_factory):
 @pytest.mark.parametrize("signum, during", [(signal.SIGINT, "training"), (signal.SIGTERM, "evaluation")])
 def test_signal_saves_and_resume_continues_the_same_run(signum, during, straight_60, tmp_path):
     """Stopped by a signal sent when the run reports iteration 15, or during the
-    evaluation at 30 that cannot finish on its own (BLOCKED), not after a sleep:
+    evaluation at 30 that cannot finish before a signal (BLOCKED), not after a sleep:
     the stopped run is set to go on for a million iterations, so no machine
     finishes first, on the same learning-rate schedule as the straight 60. The
     abandoned evaluation changed nothing: the checkpoint holds the 30 iterations."""
@@ -1435,6 +1464,8 @@ def test_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
                                             "--max_iters=50", "--init_from=resume", "--learning_rate=1e30",
                                             "--grad_clip=0.0")
     assert status == 1 and "at iteration 1" in stderr and f"the last good checkpoint is {tmp_path / 'ckpt.pt'}" in stderr
+    at = int(re.search(r"loss is nan at iteration (\d+);", stderr).group(1))  # compare.py reads this row:
+    assert metrics(tmp_path, "diverged") == [dict(iter=at, diverged="nan")]  # the rate's run diverged
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["iter_num"] == 10 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
     assert (tmp_path / "ckpt.pt").read_bytes() == before

@@ -1,35 +1,25 @@
 """
-nanoGPT's "poor man's configurator", as a function.
+nanoGPT's "poor man's configurator", as functions. A script keeps its settings
+as module-level globals, then calls
 
-A script keeps its config as module-level globals, then calls
+    overridden = configure(globals())  # the keys set, so a script can tell a choice from a default
+    check_ranges(globals(), RANGES)    # RANGES = dict(n_layer="x >= 1", min_lr="0 <= x <= learning_rate")
 
-    overridden = configure(globals())
-
-which applies, in order, every argument of the command line:
+configure applies, in order, every argument of the command line
 
     python train.py config/train_shakespeare_char.py --batch_size=32 --compile=False
 
-- a file name (no leading --): a Python file of plain assignments, run as code;
-- --key=value: the value is parsed as a Python literal (falling back to a plain
-  string) and must have the type of the default (an int is accepted for a float,
-  and a text setting takes any text as typed).
-
-A mistake (unknown key, wrong type, missing file) prints one line naming the
-problem and what is allowed, and exits with status 2: never a traceback.
-Returns the set of keys that were set, so a script can tell a user's choice
-from a default. Then
-
-    check_ranges(globals(), RANGES)
-
-holds every numeric setting to its range, a table beside the settings, before
-any work: a size of 0 is the same one-line error, not a traceback later or a
-model that trains silently wrong.
+a file name (no leading --) is a Python file of plain assignments, run as code;
+--key=value is parsed as a Python literal (else a plain string) and must have
+the type of the default (an int is accepted for a float; a text setting takes
+the text as typed). check_ranges holds every numeric setting to its range, a
+comparison of x (its value) with numbers or other settings, before any work. A
+mistake is one line naming the setting and what is allowed, exit status 2.
 """
 import math
 import re
 import sys
 from ast import literal_eval
-from typing import NamedTuple
 
 
 def fail(message):
@@ -88,80 +78,13 @@ def configure(config, argv=None):
     return overridden
 
 
-class Range(NamedTuple):
-    """The values a numeric setting may take: an interval, and perhaps one value
-    outside it that means something of its own (0: the default, or off)."""
-    low: float
-    high: float
-    low_open: bool
-    high_open: bool
-    special: float  # None: no such value
-
-    def holds(self, value):  # False for nan
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return (above and below) or value == self.special
-
-
-def parse_range(text, config):
-    """A range as mathematics writes intervals: "[1, inf)", "(0, 1]", "[0,
-    learning_rate]" (a bound may name another setting), then perhaps "or V": "[1,
-    inf) or 0"."""
-    match = re.fullmatch(r"([\[(])(\S+), (\S+)([\])])(?: or (\S+))?", text)
-    if not match:
-        raise ValueError(f"not a range: {text!r}; write e.g. [1, inf), (0, 1], [0, learning_rate] or [1, inf) or 0")
-    left, low, high, right, special = match.groups()
-    bound = lambda b: math.inf if b == "inf" else config[b] if b in config else literal_eval(b)
-    return Range(bound(low), bound(high), left == "(", right == ")", None if special is None else literal_eval(special))
-
-
-def describe_range(text, config):
-    """'at least 1', 'greater than 0', 'in [0, learning_rate] (learning_rate = 0.001)', '..., or 0'"""
-    interval, _, special = text.partition(" or ")
-    low, high = interval[1:-1].split(", ")
-    words = f"{'greater than' if interval[0] == '(' else 'at least'} {low}" if high == "inf" else f"in {interval}"
-    words += "".join(f" ({b} = {config[b]})" for b in (low, high) if b in config)
-    return words + (f", or {special}" if special else "")
-
-
 def check_ranges(config, ranges):
-    """Every setting in ranges (setting -> range, as parse_range reads it) within its
-    range; the first one outside is a one-line error naming it and what is allowed."""
-    for key, text in ranges.items():
-        if not parse_range(text, config).holds(config[key]):
-            fail(f"--{key}={config[key]}: must be {describe_range(text, config)}")
-
-
-def choose_device(device, dtype, local_rank=0):
-    """The device and precision settings train.py and sample.py share. device:
-    auto (a CUDA GPU, then Apple's MPS, then the CPU), cpu, cuda, cuda:N or mps;
-    dtype: auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16
-    or float16. Returns (device, device_type, dtype, autocast context); a device
-    that is not there, or a name not in the lists, is a one-line error."""
-    from contextlib import nullcontext
-
-    import torch
-    if device == "auto":
-        device = (f"cuda:{local_rank}" if torch.cuda.is_available() else
-                  "mps" if torch.backends.mps.is_available() else "cpu")
-    elif device == "cuda":  # torch.cuda.set_device needs an index: torchrun's rank, as auto picks
-        device = f"cuda:{local_rank}"
-    if device.startswith("cuda:"):
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            fail(f"device '{device}' asked for, but torch sees no CUDA GPU; use --device=cpu or auto")
-        index = device[len("cuda:"):]
-        if not index.isdigit() or int(index) >= count:
-            fail(f"device '{device}': torch sees {count} CUDA GPU(s); use cuda, auto or cuda:0 to cuda:{count - 1}")
-    elif device == "mps" and not torch.backends.mps.is_available():
-        fail("device 'mps' asked for, but this torch has no MPS backend; use --device=cpu or auto")
-    elif device != "cpu" and device != "mps":
-        fail(f"unknown device '{device}'; choose auto, cpu, cuda, cuda:N or mps")
-    device_type = device.split(":")[0]
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype == "auto":
-        dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    elif dtype not in dtypes:
-        fail(f"unknown dtype '{dtype}'; choose one of: auto, {', '.join(dtypes)}")
-    autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=dtypes[dtype])
-    return device, device_type, dtype, autocast
+    """Every setting in ranges (setting -> a comparison of its value x) in its range,
+    and a float finite; the first one outside is a one-line error."""
+    for key, rule in ranges.items():
+        value, named = config[key], re.sub(r"\bx\b", key, rule)
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(f"--{key}={value}: must be a finite number, {named}")
+        if not eval(rule, {**config, "x": value}):
+            others = "".join(f" ({name} = {config[name]})" for name in re.findall(r"[a-z_]\w*", rule) if name in config)
+            fail(f"--{key}={value}: must be {named}{others}")

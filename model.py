@@ -13,6 +13,7 @@ scale-invariant). With residual="residual", n = 1 and this is nanoGPT's GPT.
 """
 import inspect
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -246,6 +247,34 @@ def load_checkpoint(path):
         raise ValueError(f"checkpoint {path} names settings this model does not have ({', '.join(sorted(unknown))}); "
                          f"it was made by an older train.py, before the study variants became names (variants.py)")
     return checkpoint
+
+
+def choose_device(device, dtype, local_rank=0):
+    """train.py's and sample.py's --device (auto: a CUDA GPU, then Apple's MPS, then
+    the CPU; cuda: torchrun's local_rank) and --dtype (auto: bfloat16 on GPUs that
+    have it, else float32): (device, device_type, dtype, autocast context). A device
+    that is not there, or a name not in the lists, is a ValueError in one line."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if device == "cuda":  # torch.cuda.set_device needs an index
+        device = f"cuda:{local_rank}"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.startswith("cuda:") and gpus == 0:
+        raise ValueError(f"device '{device}' asked for, but torch sees no CUDA GPU; use --device=cpu or auto")
+    if device.startswith("cuda:") and not (device[5:].isdigit() and int(device[5:]) < gpus):
+        raise ValueError(f"device '{device}': torch sees {gpus} CUDA GPU(s); use cuda, auto or cuda:0 to "
+                         f"cuda:{gpus - 1}")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device 'mps' asked for, but this torch has no MPS backend; use --device=cpu or auto")
+    if device not in ("cpu", "mps") and not device.startswith("cuda:"):
+        raise ValueError(f"unknown device '{device}'; choose auto, cpu, cuda, cuda:N or mps")
+    device_type = device.split(":")[0]
+    if dtype == "auto":
+        dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"unknown dtype '{dtype}'; choose one of: auto, float32, bfloat16, float16")
+    autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=getattr(torch, dtype))
+    return device, device_type, dtype, autocast
 
 
 def check_config(config):

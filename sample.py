@@ -13,8 +13,8 @@ import pickle
 
 import torch
 
-from configurator import check_ranges, choose_device, configure, fail
-from model import GPT, KERNELS, GPTConfig, load_checkpoint
+from configurator import check_ranges, configure, fail
+from model import GPT, KERNELS, GPTConfig, choose_device, load_checkpoint
 from prepare import DATA_DIR, gpt2_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -28,15 +28,18 @@ seed = 1337
 device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
 kernels = "fused"  # the stream ops (model.stream_ops): reference, fused or triton
-# Every numeric setting's allowed values (configurator.check_ranges); "or 0": 0 means what its comment says
-RANGES = dict(num_samples="[1, inf)", max_new_tokens="[1, inf)", temperature="(0, inf)", top_k="[1, inf) or 0",
-              seed="[0, 4294967295]")  # as train.py's seed
+# Every numeric setting's allowed values, x its value (configurator.check_ranges)
+RANGES = dict(num_samples="x >= 1", max_new_tokens="x >= 1", temperature="x > 0", top_k="x >= 0",
+              seed="0 <= x < 2**32")  # as train.py's seed
 # -----------------------------------------------------------------------------
 configure(globals())
 check_ranges(globals(), RANGES)
 if kernels not in KERNELS:
     fail(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
-device, device_type, dtype, autocast = choose_device(device, dtype)
+try:
+    device, device_type, dtype, autocast = choose_device(device, dtype)
+except ValueError as e:
+    fail(str(e))
 
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 if not os.path.exists(ckpt_path):

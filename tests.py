@@ -15,6 +15,7 @@ cases, compiling, and train.py or compare.py in processes of their own. Every
 script a test starts runs under sys.executable, never the python3 on PATH
 (python_on_path_is_not_this_one).
 """
+import ast
 import glob
 import math
 import os
@@ -40,7 +41,7 @@ except ModuleNotFoundError as e:  # no triton (macOS, Windows): its tests skip, 
 import configurator
 import residuals
 import theory
-from model import GPT, GPTConfig, check_config, stream_ops
+from model import GPT, GPTConfig, check_config, choose_device, stream_ops
 from prepare import DATA_DIR, get_batch, gpt2_tokenizer, prepare_dataset, write_atomically
 from residuals import TOPOLOGIES
 from theory import DT
@@ -1041,6 +1042,31 @@ def test_progress_rows_hold_the_gradient_norm_before_clipping(grad_clip, tmp_pat
     assert rows[0]["grad_norm_max"] == rows[0]["grad_norm"] and all(math.isfinite(r["loss"]) for r in rows)
 
 
+def test_metrics_rows_summarise_their_interval(tmp_path):
+    """The same run logged every iteration and every 2 (an evaluation at 3, inside a
+    pair): a progress row holds its last iteration's loss and gradient norm, the
+    largest gradient norm and the mean gate gradient norm of its iterations, and the
+    rate of its last step (warmup: the step at it - 1 ran at it / 11 of the peak);
+    nothing else. An evaluation row holds the rate it is at, and the training speed
+    (0 before any training) and time so far."""
+    for every in (1, 2):
+        train_here("--residual=gated_ihc", "--max_iters=6", "--eval_interval=3", f"--log_interval={every}",
+                   f"--out_dir={tmp_path / str(every)}", *TINY)
+    ones, twos = metrics(tmp_path / "1", "grad_norm"), metrics(tmp_path / "2", "grad_norm")
+    assert [r["iter"] for r in ones] == [1, 2, 3, 4, 5, 6] and [r["iter"] for r in twos] == [2, 4, 6]
+    for row in twos:
+        pair = ones[row["iter"] - 2:row["iter"]]
+        assert row == dict(iter=row["iter"], loss=pair[1]["loss"], grad_norm=pair[1]["grad_norm"],
+                           grad_norm_max=max(r["grad_norm"] for r in pair), lr=4e-3 * row["iter"] / 11,
+                           gate_grad_norm=(pair[0]["gate_grad_norm"] + pair[1]["gate_grad_norm"]) / 2), row
+    assert any(r["grad_norm_max"] != r["grad_norm"] for r in twos), "a pair whose larger norm is not its last"
+    evaluations = metrics(tmp_path / "2")
+    assert [(r["iter"], r["lr"]) for r in evaluations] == [(0, 4e-3 / 11), (3, 4e-3 * 4 / 11), (6, 4e-3 * 7 / 11)]
+    assert [r["tokens_per_sec"] > 0 for r in evaluations] == [False, True, True]
+    assert 0 < evaluations[0]["elapsed_s"] < evaluations[1]["elapsed_s"] < evaluations[2]["elapsed_s"]
+    assert {"train_loss", "val_loss", "gain_forward", "gate_mean"} <= set(evaluations[0])
+
+
 @pytest.mark.parametrize("progress, stderr_is_a_terminal, bar", [
     ("auto", False, False), ("auto", True, True), ("bar", False, True), ("lines", True, False)])
 @slow
@@ -1084,6 +1110,7 @@ def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stde
     (["--residual=mhc_lite", "--n_streams=6"], "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
     (["--residual=residual", "--n_streams=4"], "residual 'residual' needs n_streams exactly 1, got 4"),
     (["--residual=ihc", "--gate_lr_mult=4"], "gate_lr_mult: 'ihc' has no gates; it applies to gated_ihc, "),
+    (["--learning_rate=1e999"], "--learning_rate=inf: must be a finite number"),  # inside x > 0, but not a rate
 ])
 def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
     status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
@@ -1115,7 +1142,7 @@ def test_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert configurator.choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
+    assert choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
 
 
 @pytest.mark.parametrize("asked, gpus, message", [
@@ -1124,12 +1151,11 @@ def test_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatc
     ("cuda", 0, "device 'cuda:0' asked for, but torch sees no CUDA GPU"),
     ("cudax", 1, "unknown device 'cudax'"),
 ])
-def test_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch, capsys):
+def test_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    with pytest.raises(SystemExit):
-        configurator.choose_device(asked, "float32")
-    assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match=re.escape(message)):
+        choose_device(asked, "float32")
 
 
 def test_train_checks_out_dir_before_training(tmp_path):
@@ -1137,6 +1163,37 @@ def test_train_checks_out_dir_before_training(tmp_path):
     blocker.write_text("not a folder")
     status, out, err = run_in_this_process("train.py", f"--out_dir={blocker / 'run'}", "--max_iters=1000000")
     assert status == 2 and "is not writable" in err and "iter 0" not in out, "checked before any training"
+
+
+def test_configure_applies_files_then_flags_as_nanogpt(tmp_path):
+    """A config file of plain assignments (its imports and _helpers are not
+    settings), then --key=value as a Python literal of the default's type (an int
+    is taken for a float; a text setting takes the text as typed); the keys set."""
+    preset = tmp_path / "preset.py"
+    preset.write_text("import math\nn_layer = 6\nlearning_rate = 1e-3\n_half = math.pi / 2\n")
+    config = dict(n_layer=4, learning_rate=4e-3, out_dir="", compile=False, seeds="1")
+    keys = configurator.configure(config, [str(preset), "--learning_rate=1", "--out_dir=2024", "--compile=True",
+                                           "--seeds=1,2"])
+    assert keys == {"n_layer", "learning_rate", "out_dir", "compile", "seeds"}
+    assert config == dict(n_layer=6, learning_rate=1.0, out_dir="2024", compile=True, seeds="1,2")
+    assert type(config["learning_rate"]) is float
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n_layer=6.0"], "--n_layer=6.0: expected a value of type int (default 4)"),
+    (["--compile=1"], "--compile=1: expected a value of type bool (default False)"),
+    (["--n_layer"], "argument '--n_layer' is not of the form --key=value"),
+    (["--layers=6"], "unknown key 'layers'; valid keys: n_layer, compile"),
+    (["no_such_file.py"], "cannot read config file 'no_such_file.py': No such file or directory"),
+    (["PRESET"], "sets unknown key 'n_layers'; valid keys: n_layer, compile"),
+])
+def test_configure_mistakes_are_one_line_errors(argv, message, tmp_path, capsys):
+    preset = tmp_path / "preset.py"
+    preset.write_text("n_layers = 6\n")
+    with pytest.raises(SystemExit) as stopped:
+        configurator.configure(dict(n_layer=4, compile=False), [str(preset) if a == "PRESET" else a for a in argv])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
 class Checked(Exception):
@@ -1160,20 +1217,18 @@ def settings_and_ranges(script, monkeypatch):
     return seen["settings"], seen["ranges"]
 
 
-def beside_the_ends(r, default):
-    """The values just outside and just inside each finite end of the range r, in the
-    setting's type (never the special value as an outside one); the special value too."""
+def beside_the_ends(rule, settings, key):
+    """Each end of a range (a comparison of x with numbers or settings: "x >= 1",
+    "0 <= x <= learning_rate"), and the values just below and above it, in the
+    setting's type; split, by the comparison itself, into outside and inside."""
+    compare, default = ast.parse(rule, mode="eval").body, settings[key]
+    assert isinstance(compare, ast.Compare), f"{key}: the range {rule!r} is not a plain comparison"
+    ends = [eval(ast.unparse(side), dict(settings)) for side in (compare.left, *compare.comparators)
+            if ast.unparse(side) != "x"]
     step = (lambda v, d: v + d) if isinstance(default, int) else (lambda v, d: math.nextafter(v, d * math.inf))
-    outside, inside = [], [] if r.special is None else [r.special]
-    for end, is_open, d in ((r.low, r.low_open, -1), (r.high, r.high_open, 1)):
-        if math.isinf(end):
-            continue
-        out, into = (end, step(end, -d)) if is_open else (step(end, d), end)
-        while out == r.special:
-            out = step(out, d)
-        outside.append(type(default)(out))
-        inside.append(type(default)(into))
-    return outside, inside
+    near = sorted({type(default)(v) for end in ends for v in (step(end, -1), end, step(end, 1))})
+    inside = [v for v in near if eval(rule, {**settings, "x": v})]
+    return [v for v in near if v not in inside], inside
 
 
 @pytest.mark.parametrize("args, rates", [((), (4e-3, 4e-4)), (("--learning_rate=1e-4",), (1e-4, 1e-5)),
@@ -1210,8 +1265,8 @@ def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monke
             check(config, {key: ranges[key]})
             raise Checked
 
-        outside, inside = beside_the_ends(configurator.parse_range(text, settings), settings[key])
-        assert outside, f"{script}: {key}'s range {text} has no finite end"
+        outside, inside = beside_the_ends(text, settings, key)
+        assert outside and inside, f"{script}: {key}'s range {text} has no finite end"
         for value in outside:
             status, _, stderr = run_in_this_process(script, f"--{key}={value!r}")
             assert status == 2 and stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
@@ -1228,6 +1283,7 @@ def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monke
     ("prepare.py", ["--tokenizer=bpe", "--input=data/shakespeare/input.txt"], "unknown tokenizer 'bpe'"),
     ("sample.py", ["--temprature=0.5"], "unknown key 'temprature'; valid keys: out_dir, start"),
     ("sample.py", ["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
+    ("sample.py", ["--device=tpu"], "unknown device 'tpu'; choose auto, cpu, cuda, cuda:N or mps"),
 ])
 def test_scripts_reject_mistakes_in_one_line(script, args, message):
     status, _, stderr = run_in_this_process(script, *args)
@@ -1243,34 +1299,38 @@ def start_training(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-# train.py with an evaluation that cannot finish on its own: the first one after
-# training began waits in its first batch for an Event nobody sets, and says so;
-# only a signal ends it. argv[1] "evaluation,save": the checkpoint's write waits too.
+# train.py with an evaluation that cannot finish before a signal: the first one
+# after training began waits in its first batch, and says so, until train.py's
+# signal handler has run; only train.py's abandoning it then keeps its remaining
+# batches from running (they no longer wait). argv[1] "evaluation,save": the
+# checkpoint's write waits for ever too.
 BLOCKED = """
-import runpy, sys, threading
+import runpy, signal, sys, threading
 import torch
 import model
 
 blocked, sys.argv = sys.argv[1].split(","), sys.argv[2:]
-forward, trained = model.GPT.forward, []
+forward, trained, signalled = model.GPT.forward, [], threading.Event()
+install = signal.signal
+signal.signal = lambda signum, handler: install(signum, lambda *a: (handler(*a), signalled.set()))
 
 
-def wait_for_ever(what):
+def wait_for(event, what):
     print(what, "blocked", flush=True)
-    threading.Event().wait()
+    event.wait()
 
 
 def forward_or_wait(self, *args, **kwargs):
     if self.training:
         trained.append(True)
-    elif trained:
-        wait_for_ever("evaluation")
+    elif trained and not signalled.is_set():
+        wait_for(signalled, "evaluation")
     return forward(self, *args, **kwargs)
 
 
 model.GPT.forward = forward_or_wait
 if "save" in blocked:
-    torch.save = lambda *args, **kwargs: wait_for_ever("save")
+    torch.save = lambda *args, **kwargs: wait_for(threading.Event(), "save")
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
@@ -1301,7 +1361,7 @@ def straight_60(tmp_path_factory):
 @pytest.mark.parametrize("signum, during", [(signal.SIGINT, "training"), (signal.SIGTERM, "evaluation")])
 def test_signal_saves_and_resume_continues_the_same_run(signum, during, straight_60, tmp_path):
     """Stopped by a signal sent when the run reports iteration 15, or during the
-    evaluation at 30 that cannot finish on its own (BLOCKED), not after a sleep:
+    evaluation at 30 that cannot finish before a signal (BLOCKED), not after a sleep:
     the stopped run is set to go on for a million iterations, so no machine
     finishes first, on the same learning-rate schedule as the straight 60. The
     abandoned evaluation changed nothing: the checkpoint holds the 30 iterations."""
@@ -1388,6 +1448,8 @@ def test_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
                                             "--max_iters=50", "--init_from=resume", "--learning_rate=1e30",
                                             "--grad_clip=0.0")
     assert status == 1 and "at iteration 1" in stderr and f"the last good checkpoint is {tmp_path / 'ckpt.pt'}" in stderr
+    at = int(re.search(r"loss is nan at iteration (\d+);", stderr).group(1))  # compare.py reads this row:
+    assert metrics(tmp_path, "diverged") == [dict(iter=at, diverged="nan")]  # the rate's run diverged
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["iter_num"] == 10 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
     assert (tmp_path / "ckpt.pt").read_bytes() == before

@@ -61,10 +61,10 @@ n_streams = 4  # for every topology but residual (1)
 seed = 1337
 profile = ""  # a topology: instead of the table, where its added step time goes, op by op (CPU)
 dry_run = False  # with --device=cuda: that section's code on the CPU at tiny sizes (Triton's interpreter)
-# Every numeric setting's allowed values (configurator.check_ranges)
-RANGES = dict(warmup="[1, inf)", rounds="[1, inf)", seed="[0, 4294967295]",  # as train.py's seed
-              n_layer="[1, inf)", n_embd="[1, inf)", n_head="[1, inf)",
-              n_streams="[2, 5]")  # every stream topology takes it: mhc_lite at most 5
+# Every numeric setting's allowed values, x its value (configurator.check_ranges)
+RANGES = dict(warmup="x >= 1", rounds="x >= 1", seed="0 <= x < 2**32",  # as train.py's seed
+              n_layer="x >= 1", n_embd="x >= 1", n_head="x >= 1",
+              n_streams="2 <= x <= 5")  # every stream topology takes it: mhc_lite at most 5
 # -----------------------------------------------------------------------------
 configure(globals())
 check_ranges(globals(), RANGES)

@@ -98,8 +98,8 @@ runs_dir = ""  # "" means compare-<preset>
 results_dir = ""  # "" means lab/results/<preset>
 train = True  # False: only redraw the table and plots from <results_dir>/metrics
 progress = "auto"  # auto: a bar if stderr is a terminal, else a line per finished run (as train.py); bar; lines
-# Every numeric setting's allowed values (configurator.check_ranges); "or 0": 0 means what its comment says
-RANGES = dict(tuning_seed="[1, 4294967295] or 0", extend="[0, inf)", jobs="[1, inf) or 0")  # seeds as train.py's
+# Every numeric setting's allowed values, x its value (configurator.check_ranges); 0 means what its comment says
+RANGES = dict(tuning_seed="0 <= x < 2**32", extend="x >= 0", jobs="x >= 0")  # seeds as train.py's
 configure(globals())
 check_ranges(globals(), RANGES)
 

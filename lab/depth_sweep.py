@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 train = True  # False: only redraw from results/<preset>/ of each depth
 jobs = 0  # passed to compare.py: runs at a time (0: one per core)
 results_dir = os.path.join(HERE, "results")  # where the presets' folders are; the sweep writes <results_dir>/depth_sweep
-RANGES = dict(jobs="[1, inf) or 0")  # every numeric setting's allowed values (configurator.check_ranges)
+RANGES = dict(jobs="x >= 0")  # every numeric setting's allowed values, x its value (configurator.check_ranges)
 configure(globals())
 check_ranges(globals(), RANGES)
 

@@ -22,7 +22,7 @@ import torch
 
 from conftest import ROOT, TINY, command_of, metrics, run, run_in_this_process, slow, train_here
 from lab import counterexample, flops, presets, stats
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, stream_ops
 from residuals import TOPOLOGIES
 from theory import DT
 from variants import RESIDUALS
@@ -185,9 +185,10 @@ def test_flop_matched_iterations():
     ("lab/bench.py", ["--profile=residual"], "--profile takes a topology other than residual, with --device=cpu"),
     ("lab/compare.py", ["--variants=mhc,MHC"], "--variants=mhc,MHC: each must be one of " + ", ".join(TOPOLOGIES)),
     ("lab/compare.py", ["--variants=bogus"], "--variants=bogus: each must be one of " + ", ".join(TOPOLOGIES)),
-    ("lab/compare.py", ["--preset=gates", "--variants=hc"], "--variants=hc: each must be one of residual, ihc, gated_ihc, "
-     "norm_gated_ihc, norm_gated_ihc.hard_sigmoid, norm_gated_ihc.stretched_sigmoid, norm_gated_ihc.binary, "
-     "norm_gated_ihc.hard_concrete, norm_gated_ihc.init0.9, norm_gated_ihc.static, norm_gated_ihc.deviations (or all)"),
+    ("lab/compare.py", ["--preset=gates", "--variants=hc"], "--variants=hc: each must be one of residual, ihc, "
+     "gated_ihc.clip, norm_gated_ihc.clip, norm_gated_ihc.hard_sigmoid, norm_gated_ihc.init1, norm_gated_ihc.binary, "
+     "norm_gated_ihc.hard_concrete, norm_gated_ihc.clip_init0.9, norm_gated_ihc.clip+alpha_init=0, "
+     "norm_gated_ihc.clip_deviations (or all)"),
     ("lab/compare.py", ["--seeds=1,x"], "--seeds=1,x: expected comma-separated integers"),
     ("lab/compare.py", ["--seeds=1,1"], "--seeds=1,1: a seed is listed twice"),
     ("lab/compare.py", ["--preset=tpu"], "unknown preset 'tpu'; choose one of: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long"),

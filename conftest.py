@@ -57,8 +57,14 @@ def run_in_this_process(script, *args):
     os.chdir(ROOT)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            if script.startswith("lab/"):  # python -m lab.compare
-                runpy.run_module(script[:-3].replace("/", "."), run_name="__main__", alter_sys=True)
+            if script.startswith("lab/"):  # python -m lab.compare, as a fresh __main__ beside any import of it
+                name = script[:-3].replace("/", ".")
+                imported = sys.modules.pop(name, None)
+                try:
+                    runpy.run_module(name, run_name="__main__", alter_sys=True)
+                finally:
+                    if imported is not None:
+                        sys.modules[name] = imported
             else:
                 runpy.run_path(sys.argv[0], run_name="__main__")
         status = 0

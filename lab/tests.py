@@ -359,7 +359,8 @@ def test_gain_column_is_each_runs_largest_mean_over_seeds(preset):
     cells = {line.split(" | ")[0].strip("|` "): line.split(" | ")[column] for line in rows[:rows.index("")]}
     runs = json.load(open(os.path.join(folder, "run.json")))["runs"]
     for label, cell in cells.items():
-        names = [name for name in runs if not name.startswith("tuning") and name.rsplit("-s", 1)[0] == label]
+        recorded = presets.PRESETS[preset].recorded_as.get(label, label)  # the label its runs were recorded under
+        names = [name for name in runs if not name.startswith("tuning") and name.rsplit("-s", 1)[0] == recorded]
         largest = {key: [max(row[key] for row in map(json.loads, open(os.path.join(folder, "metrics", name + ".jsonl")))
                              if "val_loss" in row) for name in names] for key in ("gain_forward", "gain_backward")}
         want = f"{statistics.mean(largest['gain_forward']):.3f} / {statistics.mean(largest['gain_backward']):.3f}"

@@ -1291,6 +1291,28 @@ def test_scripts_reject_mistakes_in_one_line(script, args, message):
     assert len(stderr.strip().splitlines()) == 1
 
 
+@slow
+def test_compile_blocks_compiles_one_block_for_every_layer(tmp_path):
+    """--compile=True compiles each Block's code once: 2 and 4 layers trace the same
+    graphs with the same ops (the whole model compiled would trace every layer's); it
+    trains as eager does, to float rounding, and saves the same state dict names."""
+    import torch._dynamo
+    graphs, losses = {}, {}
+    for n_layer, compile in ((2, True), (4, True), (2, False)):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        out = tmp_path / f"{n_layer}-{compile}"
+        train_here("--residual=hc", "--max_iters=6", "--eval_interval=6", f"--compile={compile}", f"--out_dir={out}",
+                   *TINY, f"--n_layer={n_layer}")
+        stats = torch._dynamo.utils.counters["stats"]
+        graphs[n_layer, compile] = (stats["unique_graphs"], stats["calls_captured"])
+        losses[n_layer, compile] = metrics(out)[-1]["val_loss"]
+    assert graphs[2, True] == graphs[4, True] and graphs[2, True][0] > 0 and graphs[2, False] == (0, 0), graphs
+    assert abs(losses[2, True] - losses[2, False]) < 1e-4, losses
+    saved = lambda key: set(torch.load(tmp_path / key / "ckpt.pt", weights_only=True)["model"])
+    assert saved("2-True") == saved("2-False")
+
+
 # --- interruption, corruption, divergence, multi-process ---------------------------------
 
 def start_training(*args):

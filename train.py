@@ -73,7 +73,7 @@ gate_lr_mult = 1.0  # gated topologies: the gate logits' parameters train at thi
 # system
 device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
-compile = False  # torch.compile the model
+compile = False  # torch.compile each Block (model.compile_blocks: compiled once, reused by every layer)
 seed = 1337  # the model's init and the batches
 progress = "auto"  # auto: a tqdm bar if stderr is a terminal, else lines; bar; lines (one per log_interval); False: none
 # nanoGPT's shakespeare_char model: the defaults on a GPU, for every key not set by the user
@@ -182,9 +182,9 @@ optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
 gate_params = [p for name, p in model.named_parameters() if name.endswith((".gate_proj", ".gate_bias"))]
-raw_model = model  # saved without the compile / DDP wrappers
+raw_model = model  # saved without the DDP wrapper
 if compile:
-    model = torch.compile(model)
+    model.compile_blocks()
 if ddp:
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == "cuda" else None)
 if master:  # keep the rows the checkpoint covers (none from scratch): evaluations before it, progress up to it

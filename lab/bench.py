@@ -158,14 +158,17 @@ def profile_section(name, steps=10, rows=20):
 
 
 def cpu_model(name, kernels="fused"):
-    """A model and its AdamW; kernels: fused, reference, or compiled (fused under torch.compile)."""
+    """A model and its AdamW; kernels: fused, reference, or compiled (fused, each Block under torch.compile,
+    as train.py's --compile=True)."""
     config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=64, vocab_size=65, bias=False,
                        dropout=0.0, residual=name, n_streams=1 if name == "residual" else n_streams,
                        kernels="reference" if kernels == "reference" else "fused")
     torch.manual_seed(seed)  # the same weights with and without compile
     model = GPT(config)
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
-    return torch.compile(model) if kernels == "compiled" else model, optimizer
+    if kernels == "compiled":
+        model.compile_blocks()
+    return model, optimizer
 
 
 def training_tokens():
@@ -368,13 +371,14 @@ def train_step_ms(residual, kernel_impl, compiled):
     torch.manual_seed(seed)
     model = GPT(config).to(DEVICE)
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), DEVICE)
-    forward = torch.compile(model, backend=BACKEND) if compiled else model
+    if compiled:
+        model.compile_blocks(backend=BACKEND)
     gen = torch.Generator(DEVICE).manual_seed(seed)
     x, y = torch.randint(0, 65, (2, batch, config.block_size), generator=gen, device=DEVICE)
 
     def step():
         with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
-            _, loss = forward(x, y)
+            _, loss = model(x, y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -78,6 +78,13 @@ def run_in_this_process(script, *args):
     return status, out.getvalue(), err.getvalue()
 
 
+def assert_one_line_error(status, stderr, message):
+    """A mistake reported as every script reports one (configurator.fail): exit
+    status 2 and a single line on stderr that holds message, no traceback."""
+    assert status == 2 and message in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
 def train_here(*args):
     """train.py in this process (run_in_this_process); its stdout."""
     status, out, err = run_in_this_process("train.py", *args)

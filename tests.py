@@ -46,7 +46,7 @@ from prepare import DATA_DIR, get_batch, gpt2_tokenizer, prepare_dataset, write_
 from residuals import TOPOLOGIES
 from theory import DT
 from variants import RESIDUALS, VARIANTS
-from conftest import ROOT, TINY, metrics, run, run_in_this_process, slow, tiny_config, train_here
+from conftest import ROOT, TINY, assert_one_line_error, metrics, run, run_in_this_process, slow, tiny_config, train_here
 
 needs_triton = pytest.mark.skipif(kernels is None, reason="triton is not installed (it has wheels for Linux only)")
 STREAM_TOPOLOGIES = [name for name in TOPOLOGIES if name != "residual"]
@@ -1114,8 +1114,7 @@ def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stde
 ])
 def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
     status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
-    assert status == 2 and message in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1
+    assert_one_line_error(status, stderr, message)
     assert not os.listdir(tmp_path), "a rejected run must not write anything"
 
 
@@ -1128,8 +1127,7 @@ def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
 ])
 def test_train_rejects_bad_data_and_system_settings(args, message, tmp_path):
     status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
-    assert status == 2 and message in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1
+    assert_one_line_error(status, stderr, message)
 
 
 @pytest.mark.parametrize("asked, gpus, rank, chosen", [
@@ -1193,7 +1191,7 @@ def test_configure_mistakes_are_one_line_errors(argv, message, tmp_path, capsys)
     with pytest.raises(SystemExit) as stopped:
         configurator.configure(dict(n_layer=4, compile=False), [str(preset) if a == "PRESET" else a for a in argv])
     err = capsys.readouterr().err
-    assert stopped.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert_one_line_error(stopped.value.code, err, message)
 
 
 class Checked(Exception):
@@ -1269,8 +1267,8 @@ def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monke
         assert outside and inside, f"{script}: {key}'s range {text} has no finite end"
         for value in outside:
             status, _, stderr = run_in_this_process(script, f"--{key}={value!r}")
-            assert status == 2 and stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
-            assert len(stderr.strip().splitlines()) == 1, stderr
+            assert_one_line_error(status, stderr, f"error: --{key}={value}: must be ")
+            assert stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
         for value in inside:
             with monkeypatch.context() as patch, pytest.raises(Checked):
                 patch.setattr(configurator, "check_ranges", check_then_stop)
@@ -1287,8 +1285,7 @@ def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monke
 ])
 def test_scripts_reject_mistakes_in_one_line(script, args, message):
     status, _, stderr = run_in_this_process(script, *args)
-    assert status == 2 and message in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1
+    assert_one_line_error(status, stderr, message)
 
 
 @slow
@@ -1545,8 +1542,7 @@ def test_checkpoints_with_settings_this_model_lacks_are_one_line_errors(trained,
     (tmp_path / "old").mkdir()
     torch.save(checkpoint, tmp_path / "old" / "ckpt.pt")
     status, _, stderr = run_in_this_process("sample.py", f"--out_dir={tmp_path / 'old'}", "--device=cpu")
-    assert status == 2 and "names settings this model does not have (gate, hc_mix)" in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1
+    assert_one_line_error(status, stderr, "names settings this model does not have (gate, hc_mix)")
 
 
 

@@ -220,11 +220,41 @@ def test_reference_ops_are_the_equations():
     torch.testing.assert_close(residuals.rms_projection(h, W), F.rms_norm(h, (5,), eps=1e-6) @ W)
 
 
+def written_out_coefficients(topology, h, choices={}):
+    """The oracle: pre, post and the MIX logits of one sublayer (hc: A_r itself), from
+    the equations in residuals.py's and variants.py's docstrings written out here in
+    plain torch, none of residuals.py's ops (HC Eqs. 10-13, mHC Eqs. 7-9). hc: per
+    stream, from its own normalized state, static + scale * tanh; hc.mix_static drops
+    A_r's dynamic part. The mHC family: from the whole state, flattened, sigmoids of
+    scale * z + bias (post doubled); ihc.stream takes stream i's from h_i alone (one
+    shared map), ihc.signed bias + scale * tanh. choices: WRITTEN_OUT's."""
+    n, C = h.shape[-2:]
+    a_pre, a_post, a_res = topology.alpha
+    if isinstance(topology, residuals.HyperConnection):
+        z = F.rms_norm(h, (C,), eps=1e-6) @ topology.proj  # (B,T,n,2+n), per stream
+        pre = topology.pre_static + a_pre * z[..., 0].tanh()
+        post = topology.post_static + a_post * z[..., 1].tanh()
+        dynamic = 0 if choices.get("mix") == "static" else a_res
+        return pre, post, topology.mix_static + dynamic * z[..., 2:].tanh()  # A_r (B,T,n,n)
+    W, b = topology.projection()  # gated: W_res, b_res joined back
+    if choices.get("per_stream"):
+        z = F.rms_norm(h, (C,), eps=1e-6) @ W  # (B,T,n,2+K/n): stream i's from h_i
+        z_pre, z_post, z_res = z[..., 0], z[..., 1], z[..., 2:].flatten(-2)
+    else:
+        z = F.rms_norm(h.flatten(-2), (n * C,), eps=1e-6) @ W  # (B,T,2n+K)
+        z_pre, z_post, z_res = z[..., :n], z[..., n:2 * n], z[..., 2 * n:]
+    if choices.get("signed"):
+        pre, post = b[:n] + a_pre * z_pre.tanh(), b[n:2 * n] + a_post * z_post.tanh()
+    else:
+        pre, post = (a_pre * z_pre + b[:n]).sigmoid(), 2 * (a_post * z_post + b[n:2 * n]).sigmoid()
+    return pre, post, a_res * z_res + b[2 * n:]
+
+
 @pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
 def test_coefficients_follow_the_papers_equations(name):
     """Each of alpha's three scales multiplies its own group of logits (mHC Eqs. 7-9,
     HC Eqs. 10-13), checked with three different scales against the equations
-    written out from W's column blocks."""
+    written out from W's column blocks (written_out_coefficients)."""
     torch.manual_seed(0)
     n, width = 4, 8
     config = GPTConfig(n_embd=width, n_head=2, residual=name, n_streams=n)
@@ -234,19 +264,9 @@ def test_coefficients_follow_the_papers_equations(name):
             p.add_(torch.randn_like(p))
         topology.alpha.copy_(torch.tensor([0.5, 2.0, -3.0]))
     h = torch.randn(2, 3, n, width, dtype=torch.float64)
-    a_pre, a_post, a_res = topology.alpha
-    W, b = topology.projection() if name != "hc" else (topology.proj, None)  # gated: W_res, b_res joined back
     with torch.no_grad():
-        pre, post, res = topology.coefficients(h)
-        if name == "hc":  # per stream, from its own normalized state
-            z = F.rms_norm(h, (width,), eps=1e-6) @ W  # (B,T,n,2+n)
-            want = (topology.pre_static + a_pre * z[..., 0].tanh(), topology.post_static + a_post * z[..., 1].tanh(),
-                    topology.mix_static + a_res * z[..., 2:].tanh())
-        else:
-            z = F.rms_norm(h.flatten(-2), (n * width,), eps=1e-6) @ W  # (B,T,2n+K)
-            want = ((a_pre * z[..., :n] + b[:n]).sigmoid(), 2 * (a_post * z[..., n:2 * n] + b[n:2 * n]).sigmoid(),
-                    a_res * z[..., 2 * n:] + b[2 * n:])
-    for got, expected, what in zip((pre, post, res), want, ("pre", "post", "mix" if name == "hc" else "res")):
+        coefficients, want = topology.coefficients(h), written_out_coefficients(topology, h)
+    for got, expected, what in zip(coefficients, want, ("pre", "post", "mix" if name == "hc" else "res"), strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} {what}: {m}")
 
 
@@ -264,36 +284,24 @@ WRITTEN_OUT = {
 
 
 def written_out_step(topology, choices, h, sublayer):
-    """One sublayer, from the equations in residuals.py's and variants.py's
-    docstrings written out here (HC Eqs. 10-13, mHC Eqs. 7-9)."""
-    n, C = h.shape[-2:]
-    a_pre, a_post, a_res = topology.alpha
+    """One sublayer from the equations written out here: written_out_coefficients,
+    then the variant's MIX (HC's A_r^T or a part of it, then a bound; the mHC
+    family's from its logits by the topology's own mix, tested on its own), the
+    read and the write."""
+    n = h.shape[-2]
+    pre, post, logits = written_out_coefficients(topology, h, choices)
     if isinstance(topology, residuals.HyperConnection):
-        z = F.rms_norm(h, (C,), eps=1e-6) @ topology.proj  # (B,T,n,2+n), per stream
-        pre = topology.pre_static + a_pre * z[..., 0].tanh()
-        post = topology.post_static + a_post * z[..., 1].tanh()
-        mix = choices.get("mix", "dynamic")
-        A_r = topology.mix_static + (0 if mix == "static" else a_res) * z[..., 2:].tanh()  # (B,T,n,n)
+        A_r = logits  # (B,T,n,n)
         if choices.get("nonnegative"):
             A_r = torch.where(A_r > 0, A_r, 0.0)  # no entry below 0
+        mix = choices.get("mix", "dynamic")
         M = dict(static=A_r.mT, dynamic=A_r.mT, diagonal=torch.diag_embed(A_r.diagonal(0, -2, -1)),
                  identity=torch.eye(n, dtype=h.dtype).expand_as(A_r))[mix]  # the matrix applied to h
         if choices.get("bounded"):
             M = M / M.abs().sum(-1).amax(-1).clamp(min=1)[..., None, None]  # no row's absolute sum above 1
         mixed = M @ h  # (B,T,n,n) @ (B,T,n,C)
     else:
-        W, b = topology.projection()
-        if choices.get("per_stream"):
-            z = F.rms_norm(h, (C,), eps=1e-6) @ W  # (B,T,n,2+K/n): stream i's from h_i
-            z_pre, z_post, z_res = z[..., 0], z[..., 1], z[..., 2:].flatten(-2)
-        else:
-            z = F.rms_norm(h.flatten(-2), (n * C,), eps=1e-6) @ W  # (B,T,2n+K)
-            z_pre, z_post, z_res = z[..., :n], z[..., n:2 * n], z[..., 2 * n:]
-        if choices.get("signed"):
-            pre, post = b[:n] + a_pre * z_pre.tanh(), b[n:2 * n] + a_post * z_post.tanh()
-        else:
-            pre, post = (a_pre * z_pre + b[:n]).sigmoid(), 2 * (a_post * z_post + b[n:2 * n]).sigmoid()
-        mix = topology.mix(a_res * z_res + b[2 * n:])  # the topology's MIX of its logits (tested below)
+        mix = topology.mix(logits)  # the topology's MIX of its logits (tested below)
         mixed = residuals.stream_write(h, mix, torch.zeros_like(post), torch.zeros_like(h[..., 0, :]))
     y = sublayer((pre.unsqueeze(-1) * h).sum(-2))  # (B,T,C)
     return mixed + post.unsqueeze(-1) * y.unsqueeze(-2)

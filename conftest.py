@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 # Before triton is imported anywhere: the kernels run on the CPU. The GPU tests
-# want them compiled: TRITON_INTERPRET=0 python -m pytest tests.py -k test_gpu_
+# want them compiled: TRITON_INTERPRET=0 python -m pytest tests.py -k kernels_gpu
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest

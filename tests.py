@@ -202,7 +202,7 @@ IMPLS = impls("fused", "triton")
 # residuals.py and variants.py: the maths, and each study variant's change
 # =============================================================================
 
-def test_reference_ops_are_the_equations():
+def test_residuals_reference_ops_are_the_equations():
     """The reference ops against the same equations written another way: einsum for
     the read and the mix ((MIX h)_i = sum_j mix[i, j] h_j, not the transpose), and
     torch's own rms_norm for the projection."""
@@ -251,7 +251,7 @@ def written_out_coefficients(topology, h, choices={}):
 
 
 @pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
-def test_coefficients_follow_the_papers_equations(name):
+def test_residuals_coefficients_follow_the_papers_equations(name):
     """Each of alpha's three scales multiplies its own group of logits (mHC Eqs. 7-9,
     HC Eqs. 10-13), checked with three different scales against the equations
     written out from W's column blocks (written_out_coefficients)."""
@@ -315,7 +315,7 @@ def standalone(name, n=4, width=8, sublayer_index=1, ops=residuals, **config):
 
 @pytest.mark.parametrize("ops", ["reference", "fused"])
 @pytest.mark.parametrize("name", list(WRITTEN_OUT))
-def test_hc_and_ihc_variants_follow_their_equations(name, ops):
+def test_variants_hc_and_ihc_variants_follow_their_equations(name, ops):
     """With every weight random (W, the biases and statics, three different scales),
     the sublayer's output is its equations': a variant whose change were ignored
     would give its topology's, which these weights make differ."""
@@ -333,7 +333,7 @@ def test_hc_and_ihc_variants_follow_their_equations(name, ops):
                                    rtol=1e-10, atol=1e-10)
 
 
-def test_hc_nonnegative_passes_every_gradient_at_step_0():
+def test_variants_hc_nonnegative_passes_every_gradient_at_step_0():
     """At step 0 A_r = I: its off-diagonal entries sit exactly on the clamp's edge.
     The clamp must pass their gradient there (a relu would not, and the mixing would
     never leave the diagonal): every gradient equals unclamped hc's."""
@@ -352,12 +352,12 @@ def test_hc_nonnegative_passes_every_gradient_at_step_0():
 
 @pytest.mark.parametrize("name, expected", [("ihc.signed_one_hot", [0.0, 0.0, 1.0, 0.0]),
                                             ("ihc.signed", [0.09, 0.09, 0.73, 0.09])])
-def test_one_hot_read_reads_one_stream_as_hc(name, expected):
+def test_variants_one_hot_read_reads_one_stream_as_hc(name, expected):
     pre = standalone(name, sublayer_index=6).float().coefficients(torch.randn(2, 3, 4, 8))[0]  # sublayer 6: stream 2
     torch.testing.assert_close(pre, torch.tensor(expected).expand_as(pre), atol=0, rtol=0)
 
 
-def test_hc_sends_stream_i_where_row_i_of_A_r_says():
+def test_residuals_hc_sends_stream_i_where_row_i_of_A_r_says():
     """HC (arXiv 2409.19606, Eq. 3) writes A_r^T H: row i of A_r, computed from
     stream i, distributes stream i's content, out_j = sum_i A_r[i, j] h_i."""
     topology = standalone("hc", n=3, sublayer_index=0)
@@ -396,7 +396,7 @@ def lucidrains_hc_as_ours(theirs):
 
 
 @pytest.mark.parametrize("weights", ["init", "random"])
-def test_hc_computes_lucidrains_hyper_connections(weights):
+def test_residuals_hc_computes_lucidrains_hyper_connections(weights):
     """hc against the HC paper's public code (lucidrains' hyper-connections), in
     float64, their parameters mapped onto ours (lucidrains_hc_as_ours): the output, and
     under a random upstream gradient the gradients with respect to the state, the
@@ -457,7 +457,7 @@ def gate_and_gradient(form, u, training=False):
     return g.tolist(), u.grad.tolist()
 
 
-def test_straight_through_gates_reach_exact_0_and_1_and_pass_the_gradient():
+def test_variants_straight_through_gates_reach_exact_0_and_1_and_pass_the_gradient():
     """Seed 000 s.13: a gate that can be exactly 0 (a reset) and exactly 1, whose
     logit still learns where the forward pass is held (straight-through: gradient 1);
     hard_sigmoid, the same forward with the true gradient, stops where it is held."""
@@ -468,7 +468,7 @@ def test_straight_through_gates_reach_exact_0_and_1_and_pass_the_gradient():
 
 
 @pytest.mark.parametrize("form", ["stretched_sigmoid", "hard_concrete"])
-def test_stretched_sigmoid_reaches_exact_0_and_1_with_its_true_gradient(form):
+def test_residuals_stretched_sigmoid_reaches_exact_0_and_1_with_its_true_gradient(form):
     """clip(1.2 sigmoid(u) - 0.1, 0, 1) is exactly 0 from u = -log 11 down (sigmoid
     = 1/12) and exactly 1 from u = log 11 up (sigmoid = 11/12); in between its
     gradient is 1.2 sigmoid'(u), outside it is 0 (hard_concrete at evaluation too)."""
@@ -481,7 +481,7 @@ def test_stretched_sigmoid_reaches_exact_0_and_1_with_its_true_gradient(form):
 
 
 @pytest.mark.parametrize("form", list(GATE_FORMS))
-def test_gate_logit_is_the_init_bias_that_gives_the_gate(form):
+def test_variants_gate_logit_is_the_init_bias_that_gives_the_gate(form):
     topology = standalone(GATE_FORMS[form]).eval()
     values = torch.tensor([1.0] if form == "binary" else [0.05, 0.5, 0.9, 1.0], dtype=torch.float64)
     got = topology.gate(topology.gate_logit(values))
@@ -489,7 +489,7 @@ def test_gate_logit_is_the_init_bias_that_gives_the_gate(form):
 
 
 @pytest.mark.parametrize("u", [0.0, 1.0, -1.5])
-def test_hard_concrete_samples_are_exactly_0_or_1_as_often_as_the_paper_says(u):
+def test_variants_hard_concrete_samples_are_exactly_0_or_1_as_often_as_the_paper_says(u):
     """Louizos et al. 2018, Eq. 12 with gamma = -0.1, zeta = 1.1, beta = 2/3:
     P(g = 0) = sigmoid(beta log(-gamma / zeta) - u) and, by the same argument at the
     other end, P(g = 1) = 1 - sigmoid(beta log((1 - gamma) / (zeta - 1)) - u), with
@@ -513,7 +513,7 @@ def test_hard_concrete_samples_are_exactly_0_or_1_as_often_as_the_paper_says(u):
 
 
 @pytest.mark.parametrize("open_gates", [4, 3, 2, 1])
-def test_norm_gate_keeps_the_rms_gain_at_one(open_gates):
+def test_residuals_norm_gate_keeps_the_rms_gain_at_one(open_gates):
     """Seed 000 s.9: with k of n binary gates open, c(g) = sqrt(n / k), so the open
     streams' squares sum to n (while c stays under c_max); fractional gates get
     c = sqrt(n) / |g|. Gates in through the clip gate, whose logits are the gates."""
@@ -529,7 +529,7 @@ def test_norm_gate_keeps_the_rms_gain_at_one(open_gates):
     torch.testing.assert_close(topology.mix(fractional), math.sqrt(n) / fractional.norm() * fractional, **close)
 
 
-def test_norm_gate_correction_is_capped_at_2():
+def test_residuals_norm_gate_correction_is_capped_at_2():
     """c_max = 2: one open gate of four would need sqrt(4 / 1) = 2, two would need 1.41."""
     topology = standalone("norm_gated_ihc.clip")
     edge, past = (torch.tensor(g, dtype=torch.float64).view(1, 1, 4) for g in ([1.0, 0, 0, 0], [0.6, 0, 0, 0]))
@@ -537,14 +537,14 @@ def test_norm_gate_correction_is_capped_at_2():
     torch.testing.assert_close(topology.mix(past), 2.0 * past)  # sqrt(4) / 0.6 = 3.3, capped
 
 
-def test_gate_anchor_keeps_stream_0_open():
+def test_variants_gate_anchor_keeps_stream_0_open():
     logits = torch.tensor([-3.0, 0.25, 0.0, 2.0], dtype=torch.float64).view(1, 1, 4)
     anchored, free = standalone("norm_gated_ihc.anchor").gate(logits), standalone("norm_gated_ihc").gate(logits)
     assert anchored[..., 0].item() == 1.0 and free[..., 0].item() == 0.0
     assert anchored[..., 1:].tolist() == free[..., 1:].tolist()
 
 
-def test_gating_only_the_deviations_keeps_the_mean():
+def test_variants_gating_only_the_deviations_keeps_the_mean():
     """norm_gated_ihc.clip_deviations: MIX = J + (I - J) D (I - J), D = c(g) diag(g).
     For any gates the streams' mean is kept and a common-mode state (every stream
     equal) is left unchanged; equal gates above 1/c_max give c g = 1, which keeps the deviations."""
@@ -569,7 +569,7 @@ def test_gating_only_the_deviations_keeps_the_mean():
 
 
 @pytest.mark.parametrize("g", [0.0, 0.3, 1.0])
-def test_mean_gate_keeps_the_mean_and_scales_the_differences(g):
+def test_residuals_mean_gate_keeps_the_mean_and_scales_the_differences(g):
     """Seed 000 s.8: MIX = J + g (I - J) leaves the streams' mean alone and scales
     every zero-sum direction by g, a reset of all of them at g = 0."""
     n = 4
@@ -583,7 +583,7 @@ def test_mean_gate_keeps_the_mean_and_scales_the_differences(g):
     torch.testing.assert_close(out - out.mean(2, keepdim=True), g * (h - mean))
 
 
-def test_mean_gate_cannot_reset_one_difference_and_keep_another():
+def test_residuals_mean_gate_cannot_reset_one_difference_and_keep_another():
     """Seed 000 s.8's limitation, in float64: with n = 3 and zero-sum directions v1, v2,
     the map that keeps the mean, resets v1 and keeps v2 is at least sqrt(1/2) (Frobenius)
     from every J + g (I - J): on v1 the error is g, on v2 it is g - 1, and
@@ -623,7 +623,7 @@ STEP_0_MIX = {"gated_ihc": torch.full((4,), 0.9), "norm_gated_ihc.anchor": 2 / A
 
 
 @pytest.mark.parametrize("name", [name for name in RESIDUALS if name != "residual"])
-def test_every_topology_and_variant_starts_as_the_residual_network(name):
+def test_model_every_topology_and_variant_starts_as_the_residual_network(name):
     """MIX = I at step 0 on the equal step-0 streams, sum(pre) = 1, post = 1: the
     residual network's function (in evaluation mode, where hard_concrete's gate is
     deterministic). gated_ihc, as documented, starts as the residual network whose
@@ -671,7 +671,7 @@ def fingerprint(model_args):
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_every_variant_changes_its_topology(name):
+def test_variants_every_variant_changes_its_topology(name):
     """With the same weights moved off init (in training mode, seeded: noisy gates
     alike), a variant's logits or gradients differ from its topology's, the name
     before the dot: a variant whose change were ignored would fail here."""
@@ -691,12 +691,12 @@ def test_every_variant_changes_its_topology(name):
     (dict(residual="residual", alpha_init=0.1), "alpha_init: 'residual' does not use it; it applies to hc, mhc"),
     (dict(residual="ihc", n_streams=4, sinkhorn_iters=5), "sinkhorn_iters: 'ihc' does not use it; it applies to mhc"),
 ])
-def test_a_setting_the_topology_would_ignore_is_an_error(config, message):
+def test_model_a_setting_the_topology_would_ignore_is_an_error(config, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         check_config(GPTConfig(**config))
 
 
-def test_default_gates_keep_learning_where_gates_on_the_clip_edge_freeze(tmp_path):
+def test_model_default_gates_keep_learning_where_gates_on_the_clip_edge_freeze(tmp_path):
     """Gates that start on the clip's edge (g = 1, norm_gated_ihc.init1) with the
     default, true-gradient gate are frozen by the first update that pushes them past
     it: at 12 layers, within 20 iterations, most gate logits are held and the gates
@@ -713,7 +713,7 @@ def test_default_gates_keep_learning_where_gates_on_the_clip_edge_freeze(tmp_pat
 
 
 @pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
-def test_topology_parameters_change_the_output(name):
+def test_model_topology_parameters_change_the_output(name):
     """Away from init, every topology's MIX / pre / post really act on the output."""
     torch.manual_seed(0)
     model = GPT(tiny_config(name))
@@ -727,7 +727,7 @@ def test_topology_parameters_change_the_output(name):
 
 
 @pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
-def test_three_steps_break_stream_symmetry(name):
+def test_model_three_steps_break_stream_symmetry(name):
     """After three AdamW steps on real text every topology parameter has a
     non-zero gradient, and the streams are no longer copies of each other."""
     torch.manual_seed(0)
@@ -753,7 +753,7 @@ def test_three_steps_break_stream_symmetry(name):
 
 # --- the optimizer -------------------------------------------------------------------
 
-def test_optimizer_groups():
+def test_model_optimizer_groups():
     model = GPT(tiny_config("hc"))
     decay, no_decay = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu").param_groups
     names = {id(p): n for n, p in model.named_parameters()}
@@ -770,7 +770,7 @@ ALL_GATED = [name for name, T in RESIDUALS.items() if issubclass(T, residuals.Ga
 
 
 @pytest.mark.parametrize("name", ALL_GATED)
-def test_gate_logits_have_optimizer_groups_of_their_own(name):
+def test_model_gate_logits_have_optimizer_groups_of_their_own(name):
     """W_res's columns and b_res of every sublayer, and nothing else, train at gate_lr_mult times the rate."""
     model = GPT(tiny_config(name))
     groups = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu", gate_lr_mult=4.0).param_groups
@@ -782,7 +782,7 @@ def test_gate_logits_have_optimizer_groups_of_their_own(name):
 
 
 @pytest.mark.parametrize("name", ["gated_ihc", "gated_ihc.clip"])  # others' gates get no gradient on equal streams
-def test_gate_lr_mult_scales_only_the_gate_logits_step(name, tmp_path):
+def test_model_gate_lr_mult_scales_only_the_gate_logits_step(name, tmp_path):
     """train.py's first AdamW step is lr * g / (|g| + eps) per element, the same
     gradients at any --gate_lr_mult: at 4, the gate logits' parameters (W_res's
     columns and b_res, decayed from 0 and not decayed) move exactly 4 times as far
@@ -804,7 +804,7 @@ def test_gate_lr_mult_scales_only_the_gate_logits_step(name, tmp_path):
     assert all(moved[1][k].abs().max() > 1e-3 for k in gate), "the gates must move for the test to say anything"
 
 
-def test_gate_gradient_norm_is_logged_for_gated_topologies_only(tmp_path):
+def test_train_gate_gradient_norm_is_logged_for_gated_topologies_only(tmp_path):
     """The gate logits' gradient norm at the first iteration (--log_interval=1). On
     the equal step-0 streams mean_gated_ihc's MIX = J + g (I - J) gives J h whatever
     g is: 0 there (to float32 rounding, ~1e-11), while the global norm is ~1. gated_ihc's diag(g) h
@@ -820,7 +820,7 @@ def test_gate_gradient_norm_is_logged_for_gated_topologies_only(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["residual", "hc", "mhc", "mhc_lite", "ihc", "gated_ihc.clip", "norm_gated_ihc"])
-def test_composite_gain_is_one_at_init(name):
+def test_model_composite_gain_is_one_at_init(name):
     """Where MIX is I at step 0 (gated_ihc and mean_gated_ihc start at g = 0.9: their P shrinks)."""
     torch.manual_seed(0)
     report = GPT(tiny_config(name)).diagnostics(torch.randint(0, 65, (2, 16)))
@@ -833,7 +833,7 @@ def test_composite_gain_is_one_at_init(name):
     assert ("gate_mean" in report) == ("gate_logits_clipped" in report) == gated
 
 
-def test_composite_gain_of_the_mix_product():
+def test_model_composite_gain_of_the_mix_product():
     """The gain is computed from the product of the MIX matrices: scale one
     sublayer's static HC mix by 2 and the forward and backward gains double.
     (hc's MIX is A_r transposed: the test sets A_r = L^T to get MIX = L.)"""
@@ -848,7 +848,7 @@ def test_composite_gain_of_the_mix_product():
     assert abs(report["gain_backward"] - 3.0) < 1e-5  # column 0 of 2 * L sums to 2 * 1.5
 
 
-def test_composite_gain_is_float32_under_bf16_autocast():
+def test_model_composite_gain_is_float32_under_bf16_autocast():
     """train.py measures under the GPU's bf16 autocast, where a matmul would round
     the product to bf16 (8 bits: 1.001 is 1.0) and CUDA's svdvals refuses bf16
     (the first GPU run). A gain of 1.001 must read as 1.001."""
@@ -861,7 +861,7 @@ def test_composite_gain_is_float32_under_bf16_autocast():
     assert abs(report["gain_forward"] - 1.001) < 1e-5, report
 
 
-def test_mean_direction_gain_and_effective_rank_see_decay_and_collapse():
+def test_model_mean_direction_gain_and_effective_rank_see_decay_and_collapse():
     """The maximum row sum hides a stream that fades or a product that collapses:
     with MIX = diag(1, 1, 0, 0) in one sublayer, |P 1| / |1| = sqrt(2/4) and P has
     rank 2; with J = ones / 4 (mHC's averaging mixer) the rank is 1 and the mean
@@ -882,7 +882,7 @@ def test_mean_direction_gain_and_effective_rank_see_decay_and_collapse():
 
 
 @pytest.mark.parametrize("name, logits", [("gated_ihc.clip", [1.5, -0.2, 1.0, 0.0]), ("gated_ihc", [3.0, -3.0, 2.0, 0.0])])
-def test_gate_logits_outside_the_clip_are_counted(name, logits):
+def test_model_gate_logits_outside_the_clip_are_counted(name, logits):
     """Held: the gate before its clip is outside [0, 1] (clip: u itself; stretched
     sigmoid: 1.2 sigmoid(u) - 0.1, inside for |u| < log 11 = 2.4)."""
     torch.manual_seed(0)
@@ -893,7 +893,7 @@ def test_gate_logits_outside_the_clip_are_counted(name, logits):
     assert report["gate_logits_clipped"][0] == 0.5, report
 
 
-def test_hc_gain_grows_while_mhc_stays_near_one(tmp_path):
+def test_model_hc_gain_grows_while_mhc_stays_near_one(tmp_path):
     """50 iterations: unconstrained hc with its tanh scales raised to 1.0 reports
     a composite gain above 1 (about 2 here); mhc's products of doubly stochastic
     matrices keep column sums at 1 (backward gain) and row sums within the Sinkhorn gap."""
@@ -955,7 +955,7 @@ def test_model_matches_reference(name, impl):
 # prepare.py and train.py: data, training end to end, mistakes, interruptions
 # =============================================================================
 
-def test_gpt2_tokenizer_is_offline_gpt2():
+def test_prepare_gpt2_tokenizer_is_offline_gpt2():
     # [31373, 995] is GPT-2's encoding of "hello world" (tiktoken's documented example)
     assert gpt2_tokenizer().encode("hello world") == [31373, 995]
 
@@ -970,7 +970,7 @@ def test_prepare_token_counts_match_nanogpt():
         assert pickle.load(f)["vocab_size"] == 65
 
 
-def test_two_processes_writing_the_same_dataset_file_both_succeed(tmp_path):
+def test_prepare_two_processes_writing_the_same_dataset_file_both_succeed(tmp_path):
     """gpu_check.sh starts two test runs on a fresh clone, and each prepares the data:
     the second writer starts and finishes while the first is half-way through its
     file. Both succeed, the file is whole, no temporary file is left."""
@@ -985,7 +985,7 @@ def test_two_processes_writing_the_same_dataset_file_both_succeed(tmp_path):
     assert path.read_bytes() == b"to be or not" and os.listdir(tmp_path) == ["train.bin"]
 
 
-def test_batches_are_windows_of_the_data_and_their_next_tokens():
+def test_prepare_batches_are_windows_of_the_data_and_their_next_tokens():
     data = np.arange(1000, dtype=np.uint16)  # token i at offset i: a window is a run of consecutive numbers
     x, y = get_batch(data, 64, 16, torch.Generator().manual_seed(0))
     assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (64, 16)
@@ -998,7 +998,7 @@ def test_batches_are_windows_of_the_data_and_their_next_tokens():
 # --- train.py end to end ----------------------------------------------------------------
 
 @pytest.mark.parametrize("name", list(TOPOLOGIES))
-def test_every_topology_trains(name, tmp_path):
+def test_train_every_topology_trains(name, tmp_path):
     train_here(f"--residual={name}", "--max_iters=50", "--eval_interval=25", f"--out_dir={tmp_path}", *TINY)
     rows = metrics(tmp_path)
     assert [r["iter"] for r in rows] == [0, 25, 50]
@@ -1014,7 +1014,7 @@ def test_every_topology_trains(name, tmp_path):
 
 
 @slow
-def test_resume_matches_uninterrupted_run(tmp_path):
+def test_train_resume_matches_uninterrupted_run(tmp_path):
     common = ["--residual=mhc", "--eval_interval=20", "--lr_decay_iters=40", "--always_save_checkpoint=True", *TINY]
     train_here("--max_iters=40", f"--out_dir={tmp_path / 'straight'}", *common)  # the reference; the legs: processes
     run("train.py", "--max_iters=20", f"--out_dir={tmp_path / 'resumed'}", *common)
@@ -1032,7 +1032,7 @@ def test_resume_matches_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.parametrize("grad_clip", [0.5, 0.0])
-def test_progress_rows_hold_the_gradient_norm_before_clipping(grad_clip, tmp_path):
+def test_train_progress_rows_hold_the_gradient_norm_before_clipping(grad_clip, tmp_path):
     """Iteration 0's gradient norm, recomputed here from the same seed and batch."""
     train_here("--residual=norm_gated_ihc", "--max_iters=3", "--eval_interval=3", "--log_interval=1",
         f"--grad_clip={grad_clip}", f"--out_dir={tmp_path}", *TINY)
@@ -1050,7 +1050,7 @@ def test_progress_rows_hold_the_gradient_norm_before_clipping(grad_clip, tmp_pat
     assert rows[0]["grad_norm_max"] == rows[0]["grad_norm"] and all(math.isfinite(r["loss"]) for r in rows)
 
 
-def test_metrics_rows_summarise_their_interval(tmp_path):
+def test_train_metrics_rows_summarise_their_interval(tmp_path):
     """The same run logged every iteration and every 2 (an evaluation at 3, inside a
     pair): a progress row holds its last iteration's loss and gradient norm, the
     largest gradient norm and the mean gate gradient norm of its iterations, and the
@@ -1078,7 +1078,7 @@ def test_metrics_rows_summarise_their_interval(tmp_path):
 @pytest.mark.parametrize("progress, stderr_is_a_terminal, bar", [
     ("auto", False, False), ("auto", True, True), ("bar", False, True), ("lines", True, False)])
 @slow
-def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stderr_is_a_terminal, bar, tmp_path):
+def test_train_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stderr_is_a_terminal, bar, tmp_path):
     """A bar redraws itself with carriage returns: fine at a terminal, a mess in a
     log file, which gets one plain line per log_interval. auto picks by whether
     stderr is a terminal (a pseudo-terminal here); --progress forces either."""
@@ -1144,7 +1144,7 @@ def test_train_rejects_bad_data_and_system_settings(args, message, tmp_path):
     ("auto", 2, 1, "cuda:1"),
     ("cuda:1", 2, 0, "cuda:1"),
 ])
-def test_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatch):
+def test_model_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
@@ -1157,7 +1157,7 @@ def test_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatc
     ("cuda", 0, "device 'cuda:0' asked for, but torch sees no CUDA GPU"),
     ("cudax", 1, "unknown device 'cudax'"),
 ])
-def test_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch):
+def test_model_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -1171,7 +1171,7 @@ def test_train_checks_out_dir_before_training(tmp_path):
     assert status == 2 and "is not writable" in err and "iter 0" not in out, "checked before any training"
 
 
-def test_configure_applies_files_then_flags_as_nanogpt(tmp_path):
+def test_configurator_configure_applies_files_then_flags_as_nanogpt(tmp_path):
     """A config file of plain assignments (its imports and _helpers are not
     settings), then --key=value as a Python literal of the default's type (an int
     is taken for a float; a text setting takes the text as typed); the keys set."""
@@ -1193,7 +1193,7 @@ def test_configure_applies_files_then_flags_as_nanogpt(tmp_path):
     (["no_such_file.py"], "cannot read config file 'no_such_file.py': No such file or directory"),
     (["PRESET"], "sets unknown key 'n_layers'; valid keys: n_layer, compile"),
 ])
-def test_configure_mistakes_are_one_line_errors(argv, message, tmp_path, capsys):
+def test_configurator_configure_mistakes_are_one_line_errors(argv, message, tmp_path, capsys):
     preset = tmp_path / "preset.py"
     preset.write_text("n_layers = 6\n")
     with pytest.raises(SystemExit) as stopped:
@@ -1240,7 +1240,7 @@ def beside_the_ends(rule, settings, key):
 @pytest.mark.parametrize("args, rates", [((), (4e-3, 4e-4)), (("--learning_rate=1e-4",), (1e-4, 1e-5)),
                                          (("--learning_rate=1e-4", "--min_lr=0"), (1e-4, 0)),
                                          ((os.path.join("config", "train_shakespeare_char_cpu.py"),), (1e-3, 1e-4))])
-def test_min_lr_follows_the_learning_rate_unless_set(args, rates, monkeypatch):
+def test_train_min_lr_follows_the_learning_rate_unless_set(args, rates, monkeypatch):
     """train.py's CPU rate is 4e-3 with min_lr a tenth of it; a rate set alone keeps
     that ratio (a lower one is not a range error against a default min_lr), a min_lr
     set is kept, and nanoGPT's recipe is one file away, its 1e-3 included."""
@@ -1256,7 +1256,7 @@ def test_min_lr_follows_the_learning_rate_unless_set(args, rates, monkeypatch):
 
 
 @pytest.mark.parametrize("script", RANGED)
-def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monkeypatch):
+def test_configurator_every_numeric_setting_has_a_range_checked_before_any_work(script, monkeypatch):
     """Walks the script's own RANGES: every numeric setting has an entry (a new one
     without a range fails here), and each is checked at both ends, in the script:
     just outside is a one-line error naming it (exit 2, before any work), just
@@ -1283,21 +1283,28 @@ def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monke
                 run_in_this_process(script, f"--{key}={value!r}")
 
 
-@pytest.mark.parametrize("script, args, message", [
-    ("prepare.py", ["--dataset=wikipedia"], "unknown dataset 'wikipedia'"),
-    ("prepare.py", ["--input=no_such_file.txt"], "input file 'no_such_file.txt' not found"),
-    ("prepare.py", ["--tokenizer=bpe", "--input=data/shakespeare/input.txt"], "unknown tokenizer 'bpe'"),
-    ("sample.py", ["--temprature=0.5"], "unknown key 'temprature'; valid keys: out_dir, start"),
-    ("sample.py", ["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
-    ("sample.py", ["--device=tpu"], "unknown device 'tpu'; choose auto, cpu, cuda, cuda:N or mps"),
+@pytest.mark.parametrize("args, message", [
+    (["--dataset=wikipedia"], "unknown dataset 'wikipedia'"),
+    (["--input=no_such_file.txt"], "input file 'no_such_file.txt' not found"),
+    (["--tokenizer=bpe", "--input=data/shakespeare/input.txt"], "unknown tokenizer 'bpe'"),
 ])
-def test_scripts_reject_mistakes_in_one_line(script, args, message):
-    status, _, stderr = run_in_this_process(script, *args)
+def test_prepare_rejects_mistakes_in_one_line(args, message):
+    status, _, stderr = run_in_this_process("prepare.py", *args)
+    assert_one_line_error(status, stderr, message)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temprature=0.5"], "unknown key 'temprature'; valid keys: out_dir, start"),
+    (["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
+    (["--device=tpu"], "unknown device 'tpu'; choose auto, cpu, cuda, cuda:N or mps"),
+])
+def test_sample_rejects_mistakes_in_one_line(args, message):
+    status, _, stderr = run_in_this_process("sample.py", *args)
     assert_one_line_error(status, stderr, message)
 
 
 @slow
-def test_compile_blocks_compiles_one_block_for_every_layer(tmp_path):
+def test_model_compile_blocks_compiles_one_block_for_every_layer(tmp_path):
     """--compile=True compiles each Block's code once: 2 and 4 layers trace the same
     graphs with the same ops (the whole model compiled would trace every layer's); it
     trains as eager does, to float rounding, and saves the same state dict names."""
@@ -1386,7 +1393,7 @@ def straight_60(tmp_path_factory):
 
 @slow
 @pytest.mark.parametrize("signum, during", [(signal.SIGINT, "training"), (signal.SIGTERM, "evaluation")])
-def test_signal_saves_and_resume_continues_the_same_run(signum, during, straight_60, tmp_path):
+def test_train_signal_saves_and_resume_continues_the_same_run(signum, during, straight_60, tmp_path):
     """Stopped by a signal sent when the run reports iteration 15, or during the
     evaluation at 30 that cannot finish before a signal (BLOCKED), not after a sleep:
     the stopped run is set to go on for a million iterations, so no machine
@@ -1417,7 +1424,7 @@ def test_signal_saves_and_resume_continues_the_same_run(signum, during, straight
 
 
 @slow
-def test_a_second_signal_exits_at_once_without_saving(tmp_path):
+def test_train_a_second_signal_exits_at_once_without_saving(tmp_path):
     """The first signal abandons the blocked evaluation at iteration 1 and its save
     waits for ever (BLOCKED): only the second can end the run, at once, saying so."""
     first, second = signal.SIGTERM, signal.SIGINT
@@ -1433,7 +1440,7 @@ def test_a_second_signal_exits_at_once_without_saving(tmp_path):
 
 
 @slow
-def test_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path):
+def test_train_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path):
     """A model big enough that writing its checkpoint takes a while (a save at
     every iteration), killed as soon as a save has begun to touch the files (its
     temporary file appears, or ckpt.pt itself changes), whatever the machine's
@@ -1467,7 +1474,7 @@ def test_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path)
     assert mid_write > 0, "no kill landed while a checkpoint was being written: the test checked nothing"
 
 
-def test_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
+def test_train_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
     common = ["--residual=norm_gated_ihc", "--eval_interval=10", "--max_iters=10", f"--out_dir={tmp_path}", *TINY]
     train_here(*common)
     before = (tmp_path / "ckpt.pt").read_bytes()
@@ -1483,7 +1490,7 @@ def test_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
 
 
 @slow
-def test_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
+def test_train_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
     common = ["--residual=mhc", "--max_iters=10", "--eval_interval=10", "--warmup_iters=2", *TINY[:4], *TINY[5:]]
     train_here("--batch_size=12", f"--out_dir={tmp_path / 'one'}", *common)
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -1499,7 +1506,7 @@ def test_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
 @slow
 @needs_triton
 @pytest.mark.parametrize("name", ["mhc", "norm_gated_ihc"])
-def test_training_with_triton_kernels_matches_fused(name, tmp_path):
+def test_kernels_training_with_triton_kernels_matches_fused(name, tmp_path):
     """A few iterations through the Triton kernels (in the interpreter) give the
     losses of the fused path."""
     common = [f"--residual={name}", "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--batch_size=2",
@@ -1542,7 +1549,7 @@ def test_sample_names_characters_outside_the_vocabulary(trained):
     assert status == 2 and "'ï☃'" in stderr, stderr
 
 
-def test_checkpoints_with_settings_this_model_lacks_are_one_line_errors(trained, tmp_path):
+def test_sample_checkpoints_with_settings_this_model_lacks_are_one_line_errors(trained, tmp_path):
     """A checkpoint from before the study variants became names holds settings such
     as hc_mix among its model_args: sample.py names them, in one line, not a TypeError."""
     checkpoint = torch.load(trained / "ckpt.pt", weights_only=True)
@@ -1622,7 +1629,7 @@ def check_same_outputs(net, simulation, gen, tol=1e-9, d=3):
 
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("kind", ["full_rank", "doubly_stochastic", "permutation"])
-def test_theorem1_full_rank_mhc_is_an_ihc_gauge(n, kind):
+def test_theory_theorem1_full_rank_mhc_is_an_ihc_gauge(n, kind):
     gen = torch.Generator().manual_seed(n)
     for _ in range(5):
         if kind == "full_rank":
@@ -1639,7 +1646,7 @@ def test_theorem1_full_rank_mhc_is_an_ihc_gauge(n, kind):
 
 # The counterexample --------------------------------------------------------
 
-def test_counterexample_mhc_computes_phi_of_phi_exactly():
+def test_theory_counterexample_mhc_computes_phi_of_phi_exactly():
     gen = torch.Generator().manual_seed(0)
     x = 4 * torch.rand(1000, 2, 1, generator=gen, dtype=DT) - 2
     out = theory.forward(theory.counterexample_mhc(), x)[:, 0, 0]
@@ -1650,7 +1657,7 @@ def test_counterexample_mhc_computes_phi_of_phi_exactly():
     assert ((out - target).abs() <= 1e-12 * target.abs().clamp(min=1)).all()
 
 
-def test_counterexample_is_a_gated_ihc_that_resets():
+def test_theory_counterexample_is_a_gated_ihc_that_resets():
     gen = torch.Generator().manual_seed(0)
     mhc = theory.counterexample_mhc()
     gated = theory.mhc_to_gated_ihc(mhc)
@@ -1659,7 +1666,7 @@ def test_counterexample_is_a_gated_ihc_that_resets():
     assert theory.relative_error(theory.forward(gated, x), theory.forward(mhc, x)) < 1e-12
 
 
-def test_pure_ihc_misses_where_the_same_fit_with_a_reset_succeeds():
+def test_theory_pure_ihc_misses_where_the_same_fit_with_a_reset_succeeds():
     """Section 4: a pure iHC of the counterexample's shape cannot compute it; the
     same network with a learned mixer in its first carry can (M = J). Same seed,
     budget and starts: the reset fit gets 10x closer than the pure one gets at all.
@@ -1673,7 +1680,7 @@ def test_pure_ihc_misses_where_the_same_fit_with_a_reset_succeeds():
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("kind", KINDS)
-def test_chain_normal_form(kind, n):
+def test_theory_chain_normal_form(kind, n):
     gen = torch.Generator().manual_seed(100 * n + KINDS.index(kind))
     worst_cond = 0.0
     for _ in range(12):
@@ -1692,7 +1699,7 @@ def test_chain_normal_form(kind, n):
 
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("kind", ["averaging", "doubly_stochastic", "mixture"])
-def test_theorem2_gated_ihc_reproduces_rank_deficient_mhc(kind, n):
+def test_theory_theorem2_gated_ihc_reproduces_rank_deficient_mhc(kind, n):
     gen = torch.Generator().manual_seed(n)
     for _ in range(5):
         if kind == "doubly_stochastic":  # strictly rank deficient, unlike random_mixer's
@@ -1709,7 +1716,7 @@ def test_theorem2_gated_ihc_reproduces_rank_deficient_mhc(kind, n):
 # Theorem 3 -----------------------------------------------------------------
 
 @pytest.mark.parametrize("scalars", ["rms", "random"])
-def test_theorem3_norm_gated_ihc_reproduces_mhc(scalars):
+def test_theory_theorem3_norm_gated_ihc_reproduces_mhc(scalars):
     gen = torch.Generator().manual_seed(3)
     n, L = 4, 8
     for _ in range(5):
@@ -1737,7 +1744,7 @@ MIXES = pytest.mark.parametrize("mix", [None, "diagonal", "full"], ids=["identit
 
 @FAST
 @STREAMS
-def test_stream_read(n, impl, dtype, tol):
+def test_fused_stream_read(n, impl, dtype, tol):
     inputs = stream_inputs(n, dtype=dtype)
     out, = check_against_reference(impl, "stream_read", dict(h=inputs["h"], pre=inputs["post"]), tol)
     assert out.dtype == dtype
@@ -1746,14 +1753,14 @@ def test_stream_read(n, impl, dtype, tol):
 @FAST
 @STREAMS
 @MIXES
-def test_stream_write(n, mix, impl, dtype, tol):
+def test_fused_stream_write(n, mix, impl, dtype, tol):
     out, = check_against_reference(impl, "stream_write", stream_inputs(n, mix, dtype=dtype), tol)
     assert out.dtype == dtype
 
 
 @IMPLS
 @MIXES
-def test_stream_ops_model_dtypes(mix, impl):
+def test_fused_stream_ops_model_dtypes(mix, impl):
     """Under bf16 autocast the model's state h and coefficients are float32 and the
     sublayer output y is bf16: the output stays float32 and each gradient comes
     back in its input's dtype (checked inside). post * y is rounded to bf16."""
@@ -1763,7 +1770,7 @@ def test_stream_ops_model_dtypes(mix, impl):
 
 @IMPLS
 @MIXES
-def test_stream_ops_expanded_state(mix, impl):
+def test_fused_stream_ops_expanded_state(mix, impl):
     """At the first layer h is the embedding expand()ed to n equal streams, a stride-0
     view: both ops must read it, and sum the gradients of the n views into it."""
     inputs = stream_inputs(1, dtype=torch.float32, width=60)
@@ -1777,7 +1784,7 @@ def test_stream_ops_expanded_state(mix, impl):
 
 @IMPLS
 @pytest.mark.parametrize("n", [3, 8])
-def test_stream_ops_several_channel_blocks(impl, n):
+def test_fused_stream_ops_several_channel_blocks(impl, n):
     """C = 300 spans two of the Triton kernels' channel blocks: the forward's 2D grid
     and the backward's loop over chunks, with a ragged last chunk (n = 8: the
     backward's 64-channel chunks, one token per warp). 5 tokens: the interpreter's
@@ -1805,9 +1812,9 @@ def test_fused_stream_ops_gradcheck(n, mix):
 
 @pytest.mark.parametrize("shape", [(B, T, 4 * C), (B, T, 4, C), (5, 1)], ids=["flat", "per-stream", "width-1"])
 @pytest.mark.parametrize("expanded", [False, True], ids=["dense", "expanded"])
-def test_rms_projection(shape, expanded):
+def test_fused_rms_projection(shape, expanded):
     """Only fused.py has its own: kernels.py uses fused.py's (a cuBLAS matmul; see
-    test_triton_dynamic_read_keeps_no_copy_of_the_state)."""
+    test_kernels_triton_dynamic_read_keeps_no_copy_of_the_state)."""
     assert kernels is None or kernels.rms_projection is stream_ops("fused").rms_projection
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g, dtype=torch.float64)
@@ -1820,7 +1827,7 @@ def test_rms_projection(shape, expanded):
     assert torch.autograd.gradcheck(stream_ops("fused").rms_projection, (small, W.detach().clone().requires_grad_()))
 
 
-def test_rms_projection_tiny_inputs():
+def test_fused_rms_projection_tiny_inputs():
     """rms(x) near 0: eps keeps the output and gradient finite and equal to the reference's."""
     x = 1e-5 * torch.randn(4, 6, dtype=torch.float64)
     check_against_reference("fused", "rms_projection", dict(x=x, W=torch.randn(6, 3, dtype=torch.float64)), 1e-10)
@@ -1838,14 +1845,14 @@ def dynamic_read_inputs(n, K, dtype=torch.float64, seed=0):
 @pytest.mark.parametrize("n,K", [(2, 0), (4, 0), (4, 4), (4, 16), (3, 6)], ids=["ihc2", "ihc", "gated", "mhc", "lite3"])
 @pytest.mark.parametrize("used", [(0, 1, 2), (0,), (0, 1)], ids=["all", "x", "no-res"])
 @cases("fused", "triton")
-def test_dynamic_read(n, K, used, impl, dtype, tol):
+def test_fused_dynamic_read(n, K, used, impl, dtype, tol):
     """The coefficients and the read in one op against residuals.dynamic_read: x, post
     and res, and the gradient of h, W, alpha and bias, whichever outputs the loss uses."""
     inputs, constants = dynamic_read_inputs(n, K, dtype, seed=n + K)
     check_against_reference(impl, "dynamic_read", inputs, tol, constants, used=used)
 
 
-def test_dynamic_read_expanded_state():
+def test_fused_dynamic_read_expanded_state():
     inputs, constants = dynamic_read_inputs(4, 16)
     inputs["h"] = inputs["h"][:, :, :1]
     check_against_reference("fused", "dynamic_read", inputs, 1e-10, constants, expand=dict(h=(B, T, 4, C)))
@@ -1875,7 +1882,7 @@ ALL_IMPLS = impls("reference", "fused", "triton")
 
 @ALL_IMPLS
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
-def test_sinkhorn_matches_float64_definition(impl, n):
+def test_fused_sinkhorn_matches_float64_definition(impl, n):
     gen = torch.Generator().manual_seed(n)
     for scale in (0.1, 1.0, 5.0):
         logits = scale * torch.randn(256, n, n, generator=gen)
@@ -1887,7 +1894,7 @@ def test_sinkhorn_matches_float64_definition(impl, n):
 
 
 @ALL_IMPLS
-def test_sinkhorn_finite_for_extreme_logits(impl):
+def test_fused_sinkhorn_finite_for_extreme_logits(impl):
     gen = torch.Generator().manual_seed(0)
     naive = sinkhorn_definition(50 * torch.randn(256, 4, 4, generator=gen), dtype=torch.float32)
     assert not torch.isfinite(naive).all()  # why the care: plain float32 exp fails at scale 50
@@ -1908,7 +1915,7 @@ SINKHORN_FAST = cases("fused", "fused-float32", "triton")
 @SINKHORN_FAST
 @pytest.mark.parametrize("iters", [1, 2, 20])
 @pytest.mark.parametrize("scale", [1.0, 5.0, 50.0, 1e4])
-def test_sinkhorn(scale, iters, impl, dtype, tol):
+def test_fused_sinkhorn(scale, iters, impl, dtype, tol):
     """Output and gradient against autograd through the reference's unrolled steps.
     iters 1 and 2 are the ends of the backward's loop (the log-domain step, the first
     division), where an off-by-one would hide. At scale 1e4 the true gradient is
@@ -1921,7 +1928,7 @@ def test_sinkhorn(scale, iters, impl, dtype, tol):
 
 
 @IMPLS
-def test_sinkhorn_bf16_logits(impl):
+def test_fused_sinkhorn_bf16_logits(impl):
     """Logits in bf16: the result is float32, the gradient bf16."""
     logits = (torch.randn(B, T, 4, 4) * 3).bfloat16()
     out, = check_against_reference(impl, "sinkhorn", dict(logits=logits), 1e-2)
@@ -1938,7 +1945,7 @@ def test_fused_sinkhorn_gradcheck(shape):
 
 
 @needs_triton
-def test_triton_unavailable_is_an_error(monkeypatch):
+def test_kernels_triton_unavailable_is_an_error(monkeypatch):
     monkeypatch.setattr(kernels, "INTERPRETED", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="need a CUDA GPU"):
@@ -1963,7 +1970,7 @@ def wide_saved_storages(fn, h, *args):
 
 
 @needs_triton
-def test_triton_dynamic_read_keeps_no_copy_of_the_state():
+def test_kernels_triton_dynamic_read_keeps_no_copy_of_the_state():
     """The triton path's coefficients make one pass over h, as fused.py's do: its
     dynamic_read saves h itself for the backward and nothing else as wide.
     residuals.py's rms_projection keeps the normalized copy of h: the probe sees it."""
@@ -2077,7 +2084,7 @@ def test_kernels_compile_without_spills(arch, ns):
 # tokens; n = 2..8; a state past 2^31 elements), where the interpreter above cannot look: GPU
 # rounding (round-to-nearest bf16, approximate division and exp), reductions over
 # small tiles, determinism, torch.compile. bash gpu_check.sh runs them and bench.py:
-#     TRITON_INTERPRET=0 python -m pytest tests.py -k test_gpu_
+#     TRITON_INTERPRET=0 python -m pytest tests.py -k kernels_gpu
 # With GPU_TESTS_ON_CPU=1 the same tests run on the CPU in the interpreter at tiny
 # sizes (minutes, not part of the CPU suite): break a kernel and watch them fail.
 
@@ -2088,7 +2095,7 @@ gpu = pytest.mark.skipif(
     kernels is None or not (GPU_ON_CPU or (torch.cuda.is_available() and not kernels.INTERPRETED)),
     reason="needs a CUDA GPU and TRITON_INTERPRET=0 (or GPU_TESTS_ON_CPU=1: tiny sizes in the interpreter)")
 # The sweep: every n at a modest size, in one dtype per op (the model's); each other
-# dtype once per op, at n = 4; one state past 2^31 elements (test_gpu_state_past_2_31_elements).
+# dtype once per op, at n = 4; one state past 2^31 elements (test_kernels_gpu_state_past_2_31_elements).
 # 8 x 1024 tokens fill an H200's 132 SMs many times over (2048 programs of 4 tokens
 # at n = 8) and keep the float64 reference small; gpu_check.sh's header counts the bytes.
 GPU_TOKENS = (3, 21) if GPU_ON_CPU else (8, 1024)  # (B, T)
@@ -2131,7 +2138,7 @@ def gpu_inputs(op, n, dtypes, mix=None, seed=0, tokens=GPU_TOKENS):
 
 @gpu
 @pytest.mark.parametrize("n, dtypes", [(n, "float32") for n in range(2, 9)] + [(4, "bf16")])  # the model's read: float32
-def test_gpu_stream_read_matches_float64(n, dtypes):
+def test_kernels_gpu_stream_read_matches_float64(n, dtypes):
     gpu_poison()
     check_against_reference("triton", "stream_read", gpu_inputs("stream_read", n, dtypes), GPU_TOL, chunk=GPU_CHUNK)
 
@@ -2139,7 +2146,7 @@ def test_gpu_stream_read_matches_float64(n, dtypes):
 @gpu
 @pytest.mark.parametrize("n, mix, dtypes", [(n, mix, "model") for n in range(2, 9) for mix in ("none", "diagonal", "full")]
                          + [(4, mix, dtypes) for mix in ("none", "diagonal", "full") for dtypes in ("float32", "bf16")])
-def test_gpu_stream_write_matches_float64(n, mix, dtypes):
+def test_kernels_gpu_stream_write_matches_float64(n, mix, dtypes):
     gpu_poison()
     inputs = gpu_inputs("stream_write", n, dtypes, mix)
     check_against_reference("triton", "stream_write", inputs, GPU_TOL, chunk=GPU_CHUNK)
@@ -2150,7 +2157,7 @@ def test_gpu_stream_write_matches_float64(n, mix, dtypes):
                          + [(4, scale, torch.float32) for scale in (1, 50, 1e4)] + [(4, 3, torch.bfloat16)],
                          ids=[f"{n}-5-float32" for n in range(2, 9)] + ["4-1-float32", "4-50-float32",
                                                                          "4-1e4-float32", "4-3-bf16"])
-def test_gpu_sinkhorn_matches_float64(n, scale, dtype):
+def test_kernels_gpu_sinkhorn_matches_float64(n, scale, dtype):
     """One matrix per token. float32 holds a log-domain value of size s only to
     s * 2^-24 (6e-4 at s = 1e4), and exp turns that absolute error into the same
     relative error of an entry, so no float32 Sinkhorn can do better than ~s * 2^-24
@@ -2170,7 +2177,7 @@ def test_gpu_sinkhorn_matches_float64(n, scale, dtype):
 @gpu
 @pytest.mark.parametrize("op, mix", [("stream_read", None), ("stream_write", "none"), ("stream_write", "diagonal"),
                                      ("stream_write", "full"), ("sinkhorn", None)])
-def test_gpu_kernels_are_deterministic(op, mix):
+def test_kernels_gpu_kernels_are_deterministic(op, mix):
     """Two runs on the same inputs give bitwise-equal outputs and gradients (no
     atomics, no order that depends on scheduling)."""
     if op == "sinkhorn":
@@ -2203,7 +2210,7 @@ GPU_LARGE_CHECKED = 8 if GPU_ON_CPU else 64  # tokens compared at each end
 @gpu
 @pytest.mark.parametrize("op, mix, dtypes", [("stream_read", None, "float32"), ("stream_write", "full", "model")],
                          ids=["stream_read", "stream_write-full"])
-def test_gpu_state_past_2_31_elements(op, mix, dtypes):
+def test_kernels_gpu_state_past_2_31_elements(op, mix, dtypes):
     """The kernel on the whole state, forward and backward (float32 upstream gradient:
     a float64 one would be 18 GB), against the float64 reference on the first and
     last GPU_LARGE_CHECKED tokens, each past 2^31 elements at the end: every op is
@@ -2252,9 +2259,9 @@ def gpu_train(name, kernels_impl, out_dir, *args):
 # a wrong kernel, e.g. a dropped term, is larger than that after 20 steps), or three
 # times the gap between two runs of the very same torch path (the GPU's own
 # nondeterminism), whichever is larger. In the interpreter (float32 on the CPU):
-# 1e-4 throughout, as in test_training_with_triton_kernels_matches_fused.
+# 1e-4 throughout, as in test_kernels_training_with_triton_kernels_matches_fused.
 GPU_TRAIN_LIMITS = (1e-4, 1e-4) if GPU_ON_CPU else (2e-3, 2e-2)
-# Every run eager: the check compiles once, in test_gpu_compiled_model_is_one_graph_and_trains_like_eager,
+# Every run eager: the check compiles once, in test_kernels_gpu_compiled_model_is_one_graph_and_trains_like_eager,
 # not once more per train.py process.
 GPU_TRAIN_RUNS = [(name, impl, "eager") for name in ("mhc", "gated_ihc", "ihc") for impl in ("triton", "fused")]
 GPU_TRAIN_RUNS.append(("mhc", "fused", "rerun"))
@@ -2281,7 +2288,7 @@ def gpu_gap(a, b, it):
 
 @gpu
 @pytest.mark.parametrize("name", ["mhc", "gated_ihc", "ihc"])
-def test_gpu_training_triton_matches_fused(name, gpu_training):
+def test_kernels_gpu_training_triton_matches_fused(name, gpu_training):
     noise = gpu_gap(gpu_training[("mhc", "fused", "eager")], gpu_training[("mhc", "fused", "rerun")], GPU_TRAIN_ITERS)
     for it, limit in zip((0, GPU_TRAIN_ITERS), GPU_TRAIN_LIMITS):
         limit = max(limit, 3 * noise) if it else limit
@@ -2293,7 +2300,7 @@ GPU_COMPILED_STEPS = 1 if GPU_ON_CPU else 10  # AdamW steps after the first
 
 
 @gpu
-def test_gpu_compiled_model_is_one_graph_and_trains_like_eager():
+def test_kernels_gpu_compiled_model_is_one_graph_and_trains_like_eager():
     """dynamo traces a model on the Triton kernels without a graph break
     (fullgraph=True raises at the first one), forward and backward; the compiled
     model's first loss and gradients equal the eager model's, and after

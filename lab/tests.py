@@ -708,13 +708,13 @@ STAND_IN_TESTS = """
 import threading
 import pytest
 
-def test_gpu_passes():
+def test_kernels_gpu_passes():
     pass
 
-def test_gpu_skips():
+def test_kernels_gpu_skips():
     pytest.skip("no GPU")
 
-def test_gpu_waits_for_ever():
+def test_kernels_gpu_waits_for_ever():
     threading.Event().wait()
 """
 
@@ -743,4 +743,4 @@ def test_check_script_names_every_verdict(kernels_k, verdict, tmp_path):
     assert "training tests  pass (1 passed" in summary and "bench           pass" in summary, summary
     assert result.returncode == (0 if verdict.startswith("pass") else 1), summary
     if "timed out" in verdict:  # the finished test is listed by name
-        assert "tests.py::test_gpu_passes PASSED" in summary, summary
+        assert "tests.py::test_kernels_gpu_passes PASSED" in summary, summary

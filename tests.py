@@ -1,19 +1,31 @@
 """
-The test suite, CPU only:  python -m pytest tests.py
-The quick check, every file without the slow tests:  python -m pytest tests.py -m "not slow"
+The tests of the tutorial's files, CPU only:  python -m pytest tests.py
+The quick check, without the slow tests:  python -m pytest tests.py -m "not slow"
+One file's tests:  python -m pytest tests.py -k test_model_  (-k model: also other names holding "model")
 
 Tests check behaviour a user relies on (the step-0 network is the residual one,
 training lowers the loss, a resumed run equals an uninterrupted one, every fast
-op equals the maths it speeds up), not shapes. One section per source file, in
-the README's reading order: residuals.py and variants.py, model.py, prepare.py
-and train.py, sample.py, theory.py, fused.py and kernels.py (every fast op against
-residuals.py, through model.stream_ops; the Triton kernels run on the CPU in
-Triton's interpreter), compare.py, plot.py, bench.py.
+op equals the maths it speeds up), not shapes. One part per file, in the README's
+reading order, variants.py last as its appendix; every test is named
+test_<file>_..., and grep -n '^# ' tests.py is the table of contents. First come
+the helpers the parts share: comparing an op with its reference (every output and
+every gradient, under random upstream gradients) and the table of the fast
+implementations. The fast ops' tests sit in fused.py's part, each run through
+model.stream_ops on fused.py and on kernels.py (the Triton kernels run on the CPU,
+in Triton's interpreter).
+
+The GPU tests (test_kernels_gpu_*, skipped without CUDA) run the kernels compiled
+for a real GPU (C = 768, as in a 12 x 768 model; 8 x 1024 tokens; n = 2..8; a state
+past 2^31 elements), where the interpreter cannot look: GPU rounding
+(round-to-nearest bf16, approximate division and exp), reductions over small tiles,
+determinism, torch.compile. bash lab/gpu_check.sh runs them, then lab/bench.py:
+    TRITON_INTERPRET=0 python -m pytest tests.py -k kernels_gpu
+With GPU_TESTS_ON_CPU=1 the same tests run on the CPU in the interpreter at tiny
+sizes (minutes, not part of the CPU suite): break a kernel and watch them fail.
 
 `slow` (pytest.ini) marks what takes seconds to minutes: the Triton interpreter's
-cases, compiling, and train.py or compare.py in processes of their own. Every
-script a test starts runs under sys.executable, never the python3 on PATH
-(python_on_path_is_not_this_one).
+cases, compiling, and train.py in processes of its own. Every script a test starts
+runs under sys.executable, never the python3 on PATH (python_on_path_is_not_this_one).
 """
 import ast
 import glob
@@ -62,22 +74,6 @@ def training_batches(count, batch_size=8, block_size=16, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return [get_batch(data, batch_size, block_size, gen) for _ in range(count)]
 
-
-def test_the_tutorial_imports_nothing_from_the_lab():
-    """The top level is the tutorial: no file there imports lab/ (the studies,
-    benchmarks and results sit on top of it, never under it), nor the lab's own
-    dependency, scipy."""
-    import ast
-    importers = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "*.py"))):
-        for node in ast.walk(ast.parse(open(path).read())):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            importers += [os.path.basename(path) for name in names if name.split(".")[0] in ("lab", "scipy")]
-    assert len(glob.glob(os.path.join(ROOT, "*.py"))) > 5 and not importers, importers
-
-
-# --- comparing an op with its reference --------------------------------------------------
 
 B, T = 3, 21  # 63 tokens: not a multiple of any block
 C = 37  # odd on purpose
@@ -170,10 +166,6 @@ def check_against_reference(impl, op, inputs, tol, constants={}, used=None, expa
     return outs
 
 
-# The one table of the fast implementations: each case's dtype and the relative RMS
-# error allowed against the float64 reference. fused in float64 is the same maths,
-# rounding-level; in float32, float32's rounding. Triton loads in the tensor's dtype
-# and computes in float32; in bf16 each output is rounded once to 8 bits.
 CASES = {  # id: (impl, dtype, tol)
     "fused": ("fused", torch.float64, 1e-10),
     "fused-float32": ("fused", torch.float32, 1e-5),
@@ -183,7 +175,12 @@ CASES = {  # id: (impl, dtype, tol)
 
 
 def cases(*ids):
-    """Parametrize impl, dtype, tol over these CASES (the Triton ones are slow: the interpreter)."""
+    """Parametrize impl, dtype, tol over these CASES (the Triton ones are slow: the
+    interpreter). CASES is the one table of the fast implementations: each case's
+    dtype and the relative RMS error allowed against the float64 reference. fused in
+    float64 is the same maths, rounding-level; in float32, float32's rounding. Triton
+    loads in the tensor's dtype and computes in float32; in bf16 each output is
+    rounded once to 8 bits."""
     return pytest.mark.parametrize("impl, dtype, tol", [
         pytest.param(*CASES[i], id=i, marks=slow if CASES[i][0] == "triton" else ()) for i in ids])
 
@@ -198,14 +195,33 @@ FAST = cases("fused", "triton", "triton-bf16")
 IMPLS = impls("fused", "triton")
 
 
-# =============================================================================
-# residuals.py and variants.py: the maths, and each study variant's change
-# =============================================================================
+#===================================================================================================
+# *.py: the tutorial's files import nothing from lab/
+#===================================================================================================
+
+def test_the_tutorial_imports_nothing_from_the_lab():
+    """The top level is the tutorial: no file there imports lab/ (the studies,
+    benchmarks and results sit on top of it, never under it), nor the lab's own
+    dependency, scipy."""
+    import ast
+    importers = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "*.py"))):
+        for node in ast.walk(ast.parse(open(path).read())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            importers += [os.path.basename(path) for name in names if name.split(".")[0] in ("lab", "scipy")]
+    assert len(glob.glob(os.path.join(ROOT, "*.py"))) > 5 and not importers, importers
+
+
+#===================================================================================================
+# residuals.py: the equations, the coefficients, hc against its paper's code, the gates
+#===================================================================================================
 
 def test_residuals_reference_ops_are_the_equations():
     """The reference ops against the same equations written another way: einsum for
     the read and the mix ((MIX h)_i = sum_j mix[i, j] h_j, not the transpose), and
-    torch's own rms_norm for the projection."""
+    torch's own rms_norm for the projection. Sinkhorn is tested in one place, every
+    implementation together: fused.py's part, "Sinkhorn"."""
     g = torch.Generator().manual_seed(0)
     shapes = dict(h=(2, 3, 4, 5), pre=(2, 3, 4), post=(2, 3, 4), y=(2, 3, 5), full=(2, 3, 4, 4), gate=(2, 3, 4))
     h, pre, post, y, full, gate = (torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes.values())
@@ -270,93 +286,6 @@ def test_residuals_coefficients_follow_the_papers_equations(name):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} {what}: {m}")
 
 
-# Each study variant's change, written out here from its docstring in variants.py:
-# hc's MIX (what A_r becomes, then which part of it mixes, then a bound), or ihc's
-# coefficients (from each stream's own state; signed, bias + a tanh).
-WRITTEN_OUT = {
-    "hc": dict(), "hc.mix_static": dict(mix="static"), "hc.mix_diagonal": dict(mix="diagonal"),
-    "hc.mix_identity": dict(mix="identity"), "hc.bounded": dict(bounded=True),
-    "hc.mix_diagonal_bounded": dict(mix="diagonal", bounded=True), "hc.nonnegative": dict(nonnegative=True),
-    "hc.nonnegative_bounded": dict(nonnegative=True, bounded=True),
-    "ihc": dict(), "ihc.stream": dict(per_stream=True), "ihc.signed": dict(signed=True),
-    "ihc.signed_one_hot": dict(signed=True), "mhc": dict(), "norm_gated_ihc": dict(),
-}
-
-
-def written_out_step(topology, choices, h, sublayer):
-    """One sublayer from the equations written out here: written_out_coefficients,
-    then the variant's MIX (HC's A_r^T or a part of it, then a bound; the mHC
-    family's from its logits by the topology's own mix, tested on its own), the
-    read and the write."""
-    n = h.shape[-2]
-    pre, post, logits = written_out_coefficients(topology, h, choices)
-    if isinstance(topology, residuals.HyperConnection):
-        A_r = logits  # (B,T,n,n)
-        if choices.get("nonnegative"):
-            A_r = torch.where(A_r > 0, A_r, 0.0)  # no entry below 0
-        mix = choices.get("mix", "dynamic")
-        M = dict(static=A_r.mT, dynamic=A_r.mT, diagonal=torch.diag_embed(A_r.diagonal(0, -2, -1)),
-                 identity=torch.eye(n, dtype=h.dtype).expand_as(A_r))[mix]  # the matrix applied to h
-        if choices.get("bounded"):
-            M = M / M.abs().sum(-1).amax(-1).clamp(min=1)[..., None, None]  # no row's absolute sum above 1
-        mixed = M @ h  # (B,T,n,n) @ (B,T,n,C)
-    else:
-        mix = topology.mix(logits)  # the topology's MIX of its logits (tested below)
-        mixed = residuals.stream_write(h, mix, torch.zeros_like(post), torch.zeros_like(h[..., 0, :]))
-    y = sublayer((pre.unsqueeze(-1) * h).sum(-2))  # (B,T,C)
-    return mixed + post.unsqueeze(-1) * y.unsqueeze(-2)
-
-
-def standalone(name, n=4, width=8, sublayer_index=1, ops=residuals, **config):
-    """One topology or variant on its own, float64, its GPTConfig otherwise the defaults."""
-    config = GPTConfig(n_embd=width, n_head=2, residual=name, n_streams=n, **config)
-    return RESIDUALS[name](config, sublayer_index, ops).double()
-
-
-@pytest.mark.parametrize("ops", ["reference", "fused"])
-@pytest.mark.parametrize("name", list(WRITTEN_OUT))
-def test_variants_hc_and_ihc_variants_follow_their_equations(name, ops):
-    """With every weight random (W, the biases and statics, three different scales),
-    the sublayer's output is its equations': a variant whose change were ignored
-    would give its topology's, which these weights make differ."""
-    torch.manual_seed(0)
-    topology = standalone(name, ops=stream_ops(ops))
-    with torch.no_grad():
-        for p in topology.parameters():
-            p.add_(torch.randn_like(p))
-        topology.alpha.copy_(torch.tensor([0.5, 2.0, -3.0]))
-    h = torch.randn(2, 3, 4, 8, dtype=torch.float64)
-    M = torch.randn(8, 8, dtype=torch.float64)
-    sublayer = lambda x: torch.tanh(x @ M)  # noqa: E731
-    with torch.no_grad():
-        torch.testing.assert_close(topology(h, sublayer), written_out_step(topology, WRITTEN_OUT[name], h, sublayer),
-                                   rtol=1e-10, atol=1e-10)
-
-
-def test_variants_hc_nonnegative_passes_every_gradient_at_step_0():
-    """At step 0 A_r = I: its off-diagonal entries sit exactly on the clamp's edge.
-    The clamp must pass their gradient there (a relu would not, and the mixing would
-    never leave the diagonal): every gradient equals unclamped hc's."""
-    grads = []
-    for name in ("hc", "hc.nonnegative"):
-        torch.manual_seed(0)
-        model = GPT(tiny_config(name))
-        idx = torch.randint(0, 65, (3, 16))
-        model(idx, idx)[1].backward()
-        grads.append({pname: p.grad for pname, p in model.named_parameters() if p.grad is not None})
-    off_diagonal = ~torch.eye(4, dtype=torch.bool)
-    assert grads[0]["transformer.h.0.attn_topology.mix_static"][off_diagonal].abs().min() > 0  # something to pass
-    for pname, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][pname], grad, rtol=0, atol=0, msg=lambda m: f"{pname}: {m}")
-
-
-@pytest.mark.parametrize("name, expected", [("ihc.signed_one_hot", [0.0, 0.0, 1.0, 0.0]),
-                                            ("ihc.signed", [0.09, 0.09, 0.73, 0.09])])
-def test_variants_one_hot_read_reads_one_stream_as_hc(name, expected):
-    pre = standalone(name, sublayer_index=6).float().coefficients(torch.randn(2, 3, 4, 8))[0]  # sublayer 6: stream 2
-    torch.testing.assert_close(pre, torch.tensor(expected).expand_as(pre), atol=0, rtol=0)
-
-
 def test_residuals_hc_sends_stream_i_where_row_i_of_A_r_says():
     """HC (arXiv 2409.19606, Eq. 3) writes A_r^T H: row i of A_r, computed from
     stream i, distributes stream i's content, out_j = sum_i A_r[i, j] h_i."""
@@ -370,7 +299,13 @@ def test_residuals_hc_sends_stream_i_where_row_i_of_A_r_says():
     torch.testing.assert_close(out[:, :, 1:], h[:, :, 1:])
 
 
-# --- the peers' code: lucidrains' hyper-connections ----------------------------------
+def standalone(name, n=4, width=8, sublayer_index=1, ops=residuals, **config):
+    """One topology or variant on its own, float64, its GPTConfig otherwise the defaults."""
+    config = GPTConfig(n_embd=width, n_head=2, residual=name, n_streams=n, **config)
+    return RESIDUALS[name](config, sublayer_index, ops).double()
+
+
+# --- the peers' code: lucidrains' hyper-connections
 
 def lucidrains_hc_as_ours(theirs):
     """Our hc's parameters from those of lucidrains' HyperConnections (hyper-connections
@@ -442,7 +377,7 @@ def test_residuals_hc_computes_lucidrains_hyper_connections(weights):
         assert_close(f"{weights}: d {name}", got_grads[name], grad, 1e-12)
 
 
-# --- gates: each gate form by the variant that has it -------------------------------
+# --- the gates: each gate form by the topology or variant that has it
 
 GATE_FORMS = dict(stretched_sigmoid="norm_gated_ihc", clip="norm_gated_ihc.clip",
                   hard_sigmoid="norm_gated_ihc.hard_sigmoid", binary="norm_gated_ihc.binary",
@@ -457,16 +392,6 @@ def gate_and_gradient(form, u, training=False):
     return g.tolist(), u.grad.tolist()
 
 
-def test_variants_straight_through_gates_reach_exact_0_and_1_and_pass_the_gradient():
-    """Seed 000 s.13: a gate that can be exactly 0 (a reset) and exactly 1, whose
-    logit still learns where the forward pass is held (straight-through: gradient 1);
-    hard_sigmoid, the same forward with the true gradient, stops where it is held."""
-    u = [-0.5, 0.0, 0.3, 0.6, 1.0, 1.7]
-    assert gate_and_gradient("clip", u) == ([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], [1.0] * 6)
-    assert gate_and_gradient("hard_sigmoid", u) == ([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
-    assert gate_and_gradient("binary", u) == ([0.0, 0.0, 0.0, 1.0, 1.0, 1.0], [1.0] * 6)
-
-
 @pytest.mark.parametrize("form", ["stretched_sigmoid", "hard_concrete"])
 def test_residuals_stretched_sigmoid_reaches_exact_0_and_1_with_its_true_gradient(form):
     """clip(1.2 sigmoid(u) - 0.1, 0, 1) is exactly 0 from u = -log 11 down (sigmoid
@@ -478,38 +403,6 @@ def test_residuals_stretched_sigmoid_reaches_exact_0_and_1_with_its_true_gradien
     s = 1 / (1 + math.exp(-1.0))
     assert abs(g[3] - (1.2 * s - 0.1)) < 1e-15 and abs(grad[3] - 1.2 * s * (1 - s)) < 1e-15
     assert grad[0] == grad[1] == grad[4] == grad[5] == 0.0 and abs(grad[2] - 0.3) < 1e-15
-
-
-@pytest.mark.parametrize("form", list(GATE_FORMS))
-def test_variants_gate_logit_is_the_init_bias_that_gives_the_gate(form):
-    topology = standalone(GATE_FORMS[form]).eval()
-    values = torch.tensor([1.0] if form == "binary" else [0.05, 0.5, 0.9, 1.0], dtype=torch.float64)
-    got = topology.gate(topology.gate_logit(values))
-    assert torch.allclose(got, values, rtol=0, atol=1e-12), (form, got)
-
-
-@pytest.mark.parametrize("u", [0.0, 1.0, -1.5])
-def test_variants_hard_concrete_samples_are_exactly_0_or_1_as_often_as_the_paper_says(u):
-    """Louizos et al. 2018, Eq. 12 with gamma = -0.1, zeta = 1.1, beta = 2/3:
-    P(g = 0) = sigmoid(beta log(-gamma / zeta) - u) and, by the same argument at the
-    other end, P(g = 1) = 1 - sigmoid(beta log((1 - gamma) / (zeta - 1)) - u), with
-    (1 - gamma) / (zeta - 1) = 11. Deterministic at evaluation; noisy in training,
-    with a gradient through the sample."""
-    torch.manual_seed(0)
-    topology = standalone("norm_gated_ihc.hard_concrete").train()
-    logits = torch.full((400_000,), u, dtype=torch.float64)
-    g = topology.gate(logits)
-    beta = 2 / 3
-    p_zero = 1 / (1 + math.exp(-(beta * math.log(0.1 / 1.1) - u)))
-    p_one = 1 - 1 / (1 + math.exp(-(beta * math.log(11) - u)))
-    assert abs((g == 0).double().mean().item() - p_zero) < 0.004
-    assert abs((g == 1).double().mean().item() - p_one) < 0.004
-    assert ((g > 0) & (g < 1)).any()
-    for trial in range(2):
-        torch.manual_seed(trial)  # the same noise for both evaluations of gradcheck's finite differences
-        assert torch.autograd.gradcheck(lambda v: (torch.manual_seed(trial), topology.gate(v))[1],
-                                        torch.full((64,), u, dtype=torch.float64, requires_grad=True))
-    assert topology.eval().gate(logits[:3]).unique().numel() == 1
 
 
 @pytest.mark.parametrize("open_gates", [4, 3, 2, 1])
@@ -535,37 +428,6 @@ def test_residuals_norm_gate_correction_is_capped_at_2():
     edge, past = (torch.tensor(g, dtype=torch.float64).view(1, 1, 4) for g in ([1.0, 0, 0, 0], [0.6, 0, 0, 0]))
     torch.testing.assert_close(topology.mix(edge), 2.0 * edge, rtol=1e-5, atol=0)
     torch.testing.assert_close(topology.mix(past), 2.0 * past)  # sqrt(4) / 0.6 = 3.3, capped
-
-
-def test_variants_gate_anchor_keeps_stream_0_open():
-    logits = torch.tensor([-3.0, 0.25, 0.0, 2.0], dtype=torch.float64).view(1, 1, 4)
-    anchored, free = standalone("norm_gated_ihc.anchor").gate(logits), standalone("norm_gated_ihc").gate(logits)
-    assert anchored[..., 0].item() == 1.0 and free[..., 0].item() == 0.0
-    assert anchored[..., 1:].tolist() == free[..., 1:].tolist()
-
-
-def test_variants_gating_only_the_deviations_keeps_the_mean():
-    """norm_gated_ihc.clip_deviations: MIX = J + (I - J) D (I - J), D = c(g) diag(g).
-    For any gates the streams' mean is kept and a common-mode state (every stream
-    equal) is left unchanged; equal gates above 1/c_max give c g = 1, which keeps the deviations."""
-    n = 4
-    topology = standalone("norm_gated_ihc.clip_deviations", n)
-    h = torch.randn(2, 3, n, 5, dtype=torch.float64)
-    zeros = torch.zeros(2, 3, n, dtype=torch.float64), torch.zeros(2, 3, 5, dtype=torch.float64)
-    logits = torch.rand(2, 3, n, dtype=torch.float64) * 1.4 - 0.2  # some gates at 0 or 1 exactly
-    out = residuals.stream_write(h, topology.mix(logits), *zeros)
-    mean = h.mean(2, keepdim=True)
-    torch.testing.assert_close(out.mean(2, keepdim=True), mean)
-    common = mean.expand_as(h)
-    torch.testing.assert_close(residuals.stream_write(common, topology.mix(logits), *zeros), common)
-    equal = residuals.stream_write(h, topology.mix(torch.full((2, 3, n), 0.6, dtype=torch.float64)), *zeros)
-    torch.testing.assert_close(equal, h, rtol=1e-5, atol=1e-5)  # g = 0.6 (the clip gate), c = 1 / (0.6 + eps)
-    gates = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64).expand(2, 3, n)  # c = sqrt(2): D = diag(1.41, 1.41, 0, 0)
-    D = torch.diag(math.sqrt(2) * gates[0, 0])
-    J = torch.full((n, n), 1.0 / n, dtype=torch.float64)
-    I_minus_J = torch.eye(n, dtype=torch.float64) - J
-    torch.testing.assert_close(residuals.stream_write(h, topology.mix(gates), *zeros),
-                               (J + I_minus_J @ D @ I_minus_J) @ h, rtol=1e-5, atol=1e-5)  # c: norm + 1e-6
 
 
 @pytest.mark.parametrize("g", [0.0, 0.3, 1.0])
@@ -599,13 +461,9 @@ def test_residuals_mean_gate_cannot_reset_one_difference_and_keep_another():
     assert abs(gs[distance.argmin()].item() - 0.5) < 1e-3
 
 
-# Sinkhorn is tested in one place, every implementation together: see "Sinkhorn"
-# in the fused.py and kernels.py section.
-
-
-# =============================================================================
-# model.py: the step-0 network, every spelling, the optimizer, the diagnostics, the switch
-# =============================================================================
+#===================================================================================================
+# model.py: the step-0 network, the settings, the switch, the device, the optimizer, the diagnostics
+#===================================================================================================
 
 def with_weights_of(reference, config):
     """A model of `config` whose embedding, attention, MLP, norms and head are
@@ -616,10 +474,12 @@ def with_weights_of(reference, config):
     return model
 
 
-# MIX = diag(g) is I only at g = 1; c(g) g and J + g (I - J) at any equal g. The exceptions, as documented:
-# gated_ihc's diag(0.9), and the anchor's c(g) g with g = (1, 0.9, 0.9, 0.9), c = sqrt(4) / |g|.
-ANCHORED = torch.tensor([1.0, 0.9, 0.9, 0.9])
-STEP_0_MIX = {"gated_ihc": torch.full((4,), 0.9), "norm_gated_ihc.anchor": 2 / ANCHORED.norm() * ANCHORED}
+ANCHORED = torch.tensor([1.0, 0.9, 0.9, 0.9])  # the anchor's gates at step 0: stream 0 open
+STEP_0_MIX = {  # MIX's diagonal where it is not I at step 0, as documented: diag(g) is I only at g = 1
+    # (c(g) g and J + g (I - J) at any equal g)
+    "gated_ihc": torch.full((4,), 0.9),  # diag(0.9)
+    "norm_gated_ihc.anchor": 2 / ANCHORED.norm() * ANCHORED,  # c(g) g, c = sqrt(4) / |g|
+}
 
 
 @pytest.mark.parametrize("name", [name for name in RESIDUALS if name != "residual"])
@@ -643,44 +503,6 @@ def test_model_every_topology_and_variant_starts_as_the_residual_network(name):
     with torch.no_grad():
         err = (model(idx, idx)[0] - reference(idx, idx)[0]).abs().max().item()  # with targets: every position
     assert err < 1e-5, f"{name} at step 0 differs from the residual network by {err}"
-
-
-FINGERPRINT_SIZE = dict(n_layer=2, n_embd=16, n_head=2, block_size=8, vocab_size=64, dropout=0.0, kernels="reference")
-
-
-def fingerprint(model_args):
-    """A 2 x 16 model at seed 1337 with every parameter moved off its init: the
-    eval-mode logits at the last position, and in training mode (torch seeded, for
-    noisy gates) the loss and its gradient, each parameter's projected on a fixed
-    random direction."""
-    torch.manual_seed(1337)
-    model = GPT(GPTConfig(**FINGERPRINT_SIZE, **model_args))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
-            p.add_(0.3 * torch.randn(p.shape, generator=generator))
-    idx = torch.randint(0, FINGERPRINT_SIZE["vocab_size"], (2, FINGERPRINT_SIZE["block_size"]), generator=generator)
-    with torch.no_grad():
-        logits, _ = model.eval()(idx, idx)
-    torch.manual_seed(0)
-    _, loss = model.train()(idx, idx)
-    loss.backward()
-    gradient = [(p.grad * torch.randn(p.shape, generator=generator)).sum().item()
-                for _, p in sorted(model.named_parameters())]
-    return dict(logits=logits[:, -1].flatten().tolist(), loss=loss.item(), gradient=gradient)
-
-
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_variants_every_variant_changes_its_topology(name):
-    """With the same weights moved off init (in training mode, seeded: noisy gates
-    alike), a variant's logits or gradients differ from its topology's, the name
-    before the dot: a variant whose change were ignored would fail here."""
-    topology = name.split(".")[0]
-    args = {key: RESIDUALS[key].default_n_streams for key in (name, topology)}
-    variant, parent = (fingerprint(dict(residual=key, n_streams=n)) for key, n in args.items())
-    differs = [key for key in ("logits", "gradient") if len(variant[key]) != len(parent[key])
-               or (torch.tensor(variant[key]) - torch.tensor(parent[key])).abs().max() > 1e-4]
-    assert differs, f"{name} computes what {topology} does"
 
 
 @pytest.mark.parametrize("config, message", [
@@ -751,7 +573,100 @@ def test_model_three_steps_break_stream_symmetry(name):
     assert spread > 1e-6, f"{name}: the {h.shape[2]} streams are still identical (spread {spread:.1e})"
 
 
-# --- the optimizer -------------------------------------------------------------------
+@pytest.mark.parametrize("kernels", ["reference", "fused"])
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+def test_model_trains_under_bfloat16_autocast(name, kernels):
+    """train.py --dtype=bfloat16 on a CPU: the stream ops take bf16 sublayer
+    outputs next to the float32 state, forward and backward."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config(name, n_embd=24, kernels=kernels))
+    idx = torch.randint(0, 65, (3, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = model.residual_state(idx)
+        _, loss = model(idx, idx)
+    loss.backward()
+    assert h.dtype == torch.float32, f"{name}: the state became {h.dtype}"
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@IMPLS
+@pytest.mark.parametrize("name", STREAM_TOPOLOGIES + ["hc.one_stream"])  # and hc at n = 1
+def test_model_matches_reference(name, impl):
+    """A small GPT whose stream ops are fused.py's or kernels.py's has the loss and
+    every parameter gradient of the same GPT with residuals.py's ops (float32,
+    rounding-level tolerance). Parameters are perturbed off the step-0 point,
+    where equal streams and zero projections would leave parts of the ops untested."""
+    implementation(impl)  # skips triton where it is not installed
+    results = {}
+    for kernels in ("reference", impl):
+        torch.manual_seed(0)
+        model = GPT(tiny_config(name, n_embd=24, kernels=kernels))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+            for p in topology_parameters(model).values():
+                p.add_(0.3 * torch.randn_like(p))
+        idx = torch.randint(0, 65, (3, 16), generator=torch.Generator().manual_seed(1))
+        _, loss = model(idx, idx)
+        loss.backward()
+        results[kernels] = loss.item(), {pname: p.grad for pname, p in model.named_parameters()}
+    (loss, grads), (fast_loss, fast_grads) = results["reference"], results[impl]
+    assert abs(fast_loss - loss) <= 1e-5 * loss, f"{name} {impl}: loss {fast_loss} vs {loss}"
+    for pname, grad in grads.items():
+        scale = grad.abs().max().item()
+        err = (fast_grads[pname] - grad).abs().max().item()
+        assert err <= 1e-4 * scale + 1e-7, f"{name} {impl}: d {pname} differs by {err:.2e} (max {scale:.2e})"
+
+
+@pytest.mark.parametrize("asked, gpus, rank, chosen", [
+    ("cuda", 1, 0, "cuda:0"),  # torch.cuda.set_device refuses a bare "cuda" (seen on the first GPU run)
+    ("cuda", 2, 1, "cuda:1"),  # torchrun's second process
+    ("auto", 2, 1, "cuda:1"),
+    ("cuda:1", 2, 0, "cuda:1"),
+])
+def test_model_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
+
+
+@pytest.mark.parametrize("asked, gpus, message", [
+    ("cuda:2", 2, "device 'cuda:2': torch sees 2 CUDA GPU(s); use cuda, auto or cuda:0 to cuda:1"),
+    ("cuda:x", 1, "device 'cuda:x': torch sees 1 CUDA GPU(s)"),
+    ("cuda", 0, "device 'cuda:0' asked for, but torch sees no CUDA GPU"),
+    ("cudax", 1, "unknown device 'cudax'"),
+])
+def test_model_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        choose_device(asked, "float32")
+
+
+@slow
+def test_model_compile_blocks_compiles_one_block_for_every_layer(tmp_path):
+    """--compile=True compiles each Block's code once: 2 and 4 layers trace the same
+    graphs with the same ops (the whole model compiled would trace every layer's); it
+    trains as eager does, to float rounding, and saves the same state dict names."""
+    import torch._dynamo
+    graphs, losses = {}, {}
+    for n_layer, compile in ((2, True), (4, True), (2, False)):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        out = tmp_path / f"{n_layer}-{compile}"
+        train_here("--residual=hc", "--max_iters=6", "--eval_interval=6", f"--compile={compile}", f"--out_dir={out}",
+                   *TINY, f"--n_layer={n_layer}")
+        stats = torch._dynamo.utils.counters["stats"]
+        graphs[n_layer, compile] = (stats["unique_graphs"], stats["calls_captured"])
+        losses[n_layer, compile] = metrics(out)[-1]["val_loss"]
+    assert graphs[2, True] == graphs[4, True] and graphs[2, True][0] > 0 and graphs[2, False] == (0, 0), graphs
+    assert abs(losses[2, True] - losses[2, False]) < 1e-4, losses
+    saved = lambda key: set(torch.load(tmp_path / key / "ckpt.pt", weights_only=True)["model"])
+    assert saved("2-True") == saved("2-False")
+
+
+# --- the optimizer
 
 def test_model_optimizer_groups():
     model = GPT(tiny_config("hc"))
@@ -804,20 +719,7 @@ def test_model_gate_lr_mult_scales_only_the_gate_logits_step(name, tmp_path):
     assert all(moved[1][k].abs().max() > 1e-3 for k in gate), "the gates must move for the test to say anything"
 
 
-def test_train_gate_gradient_norm_is_logged_for_gated_topologies_only(tmp_path):
-    """The gate logits' gradient norm at the first iteration (--log_interval=1). On
-    the equal step-0 streams mean_gated_ihc's MIX = J + g (I - J) gives J h whatever
-    g is: 0 there (to float32 rounding, ~1e-11), while the global norm is ~1. gated_ihc's diag(g) h
-    does depend on g: above 0, and below the global norm it is part of. No gates,
-    no column."""
-    for name in ("mean_gated_ihc", "gated_ihc", "ihc"):
-        train_here(f"--residual={name}", "--max_iters=1", "--eval_interval=1", "--log_interval=1",
-                   f"--out_dir={tmp_path / name}", *TINY)
-    (mean_gated,), (gated,) = (metrics(tmp_path / name, "grad_norm") for name in ("mean_gated_ihc", "gated_ihc"))
-    assert mean_gated["gate_grad_norm"] < 1e-6 * mean_gated["grad_norm"], mean_gated
-    assert 0 < gated["gate_grad_norm"] < gated["grad_norm"], gated
-    assert "gate_grad_norm" not in metrics(tmp_path / "ihc", "grad_norm")[0]
-
+# --- the diagnostics: composite gain, effective rank, gates held by their clip
 
 @pytest.mark.parametrize("name", ["residual", "hc", "mhc", "mhc_lite", "ihc", "gated_ihc.clip", "norm_gated_ihc"])
 def test_model_composite_gain_is_one_at_init(name):
@@ -906,54 +808,9 @@ def test_model_hc_gain_grows_while_mhc_stays_near_one(tmp_path):
         assert 0.99 <= mhc[key] <= 1.01, mhc
 
 
-@pytest.mark.parametrize("kernels", ["reference", "fused"])
-@pytest.mark.parametrize("name", list(TOPOLOGIES))
-def test_model_trains_under_bfloat16_autocast(name, kernels):
-    """train.py --dtype=bfloat16 on a CPU: the stream ops take bf16 sublayer
-    outputs next to the float32 state, forward and backward."""
-    torch.manual_seed(0)
-    model = GPT(tiny_config(name, n_embd=24, kernels=kernels))
-    idx = torch.randint(0, 65, (3, 16))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        h = model.residual_state(idx)
-        _, loss = model(idx, idx)
-    loss.backward()
-    assert h.dtype == torch.float32, f"{name}: the state became {h.dtype}"
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-
-
-@IMPLS
-@pytest.mark.parametrize("name", STREAM_TOPOLOGIES + ["hc.one_stream"])  # and hc at n = 1
-def test_model_matches_reference(name, impl):
-    """A small GPT whose stream ops are fused.py's or kernels.py's has the loss and
-    every parameter gradient of the same GPT with residuals.py's ops (float32,
-    rounding-level tolerance). Parameters are perturbed off the step-0 point,
-    where equal streams and zero projections would leave parts of the ops untested."""
-    implementation(impl)  # skips triton where it is not installed
-    results = {}
-    for kernels in ("reference", impl):
-        torch.manual_seed(0)
-        model = GPT(tiny_config(name, n_embd=24, kernels=kernels))
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-            for p in topology_parameters(model).values():
-                p.add_(0.3 * torch.randn_like(p))
-        idx = torch.randint(0, 65, (3, 16), generator=torch.Generator().manual_seed(1))
-        _, loss = model(idx, idx)
-        loss.backward()
-        results[kernels] = loss.item(), {pname: p.grad for pname, p in model.named_parameters()}
-    (loss, grads), (fast_loss, fast_grads) = results["reference"], results[impl]
-    assert abs(fast_loss - loss) <= 1e-5 * loss, f"{name} {impl}: loss {fast_loss} vs {loss}"
-    for pname, grad in grads.items():
-        scale = grad.abs().max().item()
-        err = (fast_grads[pname] - grad).abs().max().item()
-        assert err <= 1e-4 * scale + 1e-7, f"{name} {impl}: d {pname} differs by {err:.2e} (max {scale:.2e})"
-
-
-# =============================================================================
-# prepare.py and train.py: data, training end to end, mistakes, interruptions
-# =============================================================================
+#===================================================================================================
+# prepare.py: the token files, GPT-2's tokenizer, the batches, its mistakes
+#===================================================================================================
 
 def test_prepare_gpt2_tokenizer_is_offline_gpt2():
     # [31373, 995] is GPT-2's encoding of "hello world" (tiktoken's documented example)
@@ -995,7 +852,117 @@ def test_prepare_batches_are_windows_of_the_data_and_their_next_tokens():
     assert torch.equal(rank1, x[32:]), "a DDP rank's slice is its share of the same drawn batch"
 
 
-# --- train.py end to end ----------------------------------------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["--dataset=wikipedia"], "unknown dataset 'wikipedia'"),
+    (["--input=no_such_file.txt"], "input file 'no_such_file.txt' not found"),
+    (["--tokenizer=bpe", "--input=data/shakespeare/input.txt"], "unknown tokenizer 'bpe'"),
+])
+def test_prepare_rejects_mistakes_in_one_line(args, message):
+    status, _, stderr = run_in_this_process("prepare.py", *args)
+    assert_one_line_error(status, stderr, message)
+
+
+#===================================================================================================
+# configurator.py: files then flags as nanoGPT, one-line mistakes, every numeric setting's range
+#===================================================================================================
+
+def test_configurator_configure_applies_files_then_flags_as_nanogpt(tmp_path):
+    """A config file of plain assignments (its imports and _helpers are not
+    settings), then --key=value as a Python literal of the default's type (an int
+    is taken for a float; a text setting takes the text as typed); the keys set."""
+    preset = tmp_path / "preset.py"
+    preset.write_text("import math\nn_layer = 6\nlearning_rate = 1e-3\n_half = math.pi / 2\n")
+    config = dict(n_layer=4, learning_rate=4e-3, out_dir="", compile=False, seeds="1")
+    keys = configurator.configure(config, [str(preset), "--learning_rate=1", "--out_dir=2024", "--compile=True",
+                                           "--seeds=1,2"])
+    assert keys == {"n_layer", "learning_rate", "out_dir", "compile", "seeds"}
+    assert config == dict(n_layer=6, learning_rate=1.0, out_dir="2024", compile=True, seeds="1,2")
+    assert type(config["learning_rate"]) is float
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n_layer=6.0"], "--n_layer=6.0: expected a value of type int (default 4)"),
+    (["--compile=1"], "--compile=1: expected a value of type bool (default False)"),
+    (["--n_layer"], "argument '--n_layer' is not of the form --key=value"),
+    (["--layers=6"], "unknown key 'layers'; valid keys: n_layer, compile"),
+    (["no_such_file.py"], "cannot read config file 'no_such_file.py': No such file or directory"),
+    (["PRESET"], "sets unknown key 'n_layers'; valid keys: n_layer, compile"),
+])
+def test_configurator_configure_mistakes_are_one_line_errors(argv, message, tmp_path, capsys):
+    preset = tmp_path / "preset.py"
+    preset.write_text("n_layers = 6\n")
+    with pytest.raises(SystemExit) as stopped:
+        configurator.configure(dict(n_layer=4, compile=False), [str(preset) if a == "PRESET" else a for a in argv])
+    err = capsys.readouterr().err
+    assert_one_line_error(stopped.value.code, err, message)
+
+
+class Checked(Exception):
+    """Raised in place of a script's work, right after its range check."""
+
+
+RANGED = ["train.py", "sample.py", "lab/compare.py", "lab/bench.py", "lab/depth_sweep.py"]
+
+
+def settings_and_ranges(script, monkeypatch):
+    """The script's settings (their defaults) and RANGES, as its check_ranges call gets them."""
+    seen = {}
+
+    def record(config, ranges):
+        seen.update(settings={k: config[k] for k in configurator.config_keys(config)}, ranges=ranges)
+        raise Checked
+
+    with monkeypatch.context() as patch, pytest.raises(Checked):
+        patch.setattr(configurator, "check_ranges", record)
+        run_in_this_process(script)
+    return seen["settings"], seen["ranges"]
+
+
+def beside_the_ends(rule, settings, key):
+    """Each end of a range (a comparison of x with numbers or settings: "x >= 1",
+    "0 <= x <= learning_rate"), and the values just below and above it, in the
+    setting's type; split, by the comparison itself, into outside and inside."""
+    compare, default = ast.parse(rule, mode="eval").body, settings[key]
+    assert isinstance(compare, ast.Compare), f"{key}: the range {rule!r} is not a plain comparison"
+    ends = [eval(ast.unparse(side), dict(settings)) for side in (compare.left, *compare.comparators)
+            if ast.unparse(side) != "x"]
+    step = (lambda v, d: v + d) if isinstance(default, int) else (lambda v, d: math.nextafter(v, d * math.inf))
+    near = sorted({type(default)(v) for end in ends for v in (step(end, -1), end, step(end, 1))})
+    inside = [v for v in near if eval(rule, {**settings, "x": v})]
+    return [v for v in near if v not in inside], inside
+
+
+@pytest.mark.parametrize("script", RANGED)
+def test_configurator_every_numeric_setting_has_a_range_checked_before_any_work(script, monkeypatch):
+    """Walks the script's own RANGES: every numeric setting has an entry (a new one
+    without a range fails here), and each is checked at both ends, in the script:
+    just outside is a one-line error naming it (exit 2, before any work), just
+    inside passes its own check (another's may depend on it: min_lr on learning_rate)."""
+    settings, ranges = settings_and_ranges(script, monkeypatch)
+    numeric = {k for k, v in settings.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert set(ranges) == numeric, f"{script}: numeric settings without a range: {numeric - set(ranges)}; " \
+                                   f"ranges of no setting: {set(ranges) - numeric}"
+    check = configurator.check_ranges
+    for key, text in ranges.items():
+        def check_then_stop(config, ranges, key=key):
+            check(config, {key: ranges[key]})
+            raise Checked
+
+        outside, inside = beside_the_ends(text, settings, key)
+        assert outside and inside, f"{script}: {key}'s range {text} has no finite end"
+        for value in outside:
+            status, _, stderr = run_in_this_process(script, f"--{key}={value!r}")
+            assert_one_line_error(status, stderr, f"error: --{key}={value}: must be ")
+            assert stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
+        for value in inside:
+            with monkeypatch.context() as patch, pytest.raises(Checked):
+                patch.setattr(configurator, "check_ranges", check_then_stop)
+                run_in_this_process(script, f"--{key}={value!r}")
+
+
+#===================================================================================================
+# train.py: training end to end, its metrics and progress, its settings and mistakes
+#===================================================================================================
 
 @pytest.mark.parametrize("name", list(TOPOLOGIES))
 def test_train_every_topology_trains(name, tmp_path):
@@ -1075,6 +1042,21 @@ def test_train_metrics_rows_summarise_their_interval(tmp_path):
     assert {"train_loss", "val_loss", "gain_forward", "gate_mean"} <= set(evaluations[0])
 
 
+def test_train_gate_gradient_norm_is_logged_for_gated_topologies_only(tmp_path):
+    """The gate logits' gradient norm at the first iteration (--log_interval=1). On
+    the equal step-0 streams mean_gated_ihc's MIX = J + g (I - J) gives J h whatever
+    g is: 0 there (to float32 rounding, ~1e-11), while the global norm is ~1. gated_ihc's diag(g) h
+    does depend on g: above 0, and below the global norm it is part of. No gates,
+    no column."""
+    for name in ("mean_gated_ihc", "gated_ihc", "ihc"):
+        train_here(f"--residual={name}", "--max_iters=1", "--eval_interval=1", "--log_interval=1",
+                   f"--out_dir={tmp_path / name}", *TINY)
+    (mean_gated,), (gated,) = (metrics(tmp_path / name, "grad_norm") for name in ("mean_gated_ihc", "gated_ihc"))
+    assert mean_gated["gate_grad_norm"] < 1e-6 * mean_gated["grad_norm"], mean_gated
+    assert 0 < gated["gate_grad_norm"] < gated["grad_norm"], gated
+    assert "gate_grad_norm" not in metrics(tmp_path / "ihc", "grad_norm")[0]
+
+
 @pytest.mark.parametrize("progress, stderr_is_a_terminal, bar", [
     ("auto", False, False), ("auto", True, True), ("bar", False, True), ("lines", True, False)])
 @slow
@@ -1107,7 +1089,24 @@ def test_train_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress
     assert reports == ([] if bar else [b"iter 5", b"iter 10"]), logged[-1000:]
     assert b"iter 10: train loss" in logged  # evaluations are reported either way
 
-# --- command-line mistakes ------------------------------------------------------------
+
+@pytest.mark.parametrize("args, rates", [((), (4e-3, 4e-4)), (("--learning_rate=1e-4",), (1e-4, 1e-5)),
+                                         (("--learning_rate=1e-4", "--min_lr=0"), (1e-4, 0)),
+                                         ((os.path.join("config", "train_shakespeare_char_cpu.py"),), (1e-3, 1e-4))])
+def test_train_min_lr_follows_the_learning_rate_unless_set(args, rates, monkeypatch):
+    """train.py's CPU rate is 4e-3 with min_lr a tenth of it; a rate set alone keeps
+    that ratio (a lower one is not a range error against a default min_lr), a min_lr
+    set is kept, and nanoGPT's recipe is one file away, its 1e-3 included."""
+    def capture(config, ranges):
+        seen.update(learning_rate=config["learning_rate"], min_lr=config["min_lr"])
+        raise Checked
+
+    seen = {}
+    monkeypatch.setattr(configurator, "check_ranges", capture)
+    with pytest.raises(Checked):
+        run_in_this_process("train.py", "--device=cpu", *args)
+    assert (seen["learning_rate"], seen["min_lr"]) == pytest.approx(rates), seen
+
 
 @pytest.mark.parametrize("args, message", [
     (["--residual=mHC"], "choose one of: " + ", ".join(RESIDUALS)),
@@ -1138,32 +1137,6 @@ def test_train_rejects_bad_data_and_system_settings(args, message, tmp_path):
     assert_one_line_error(status, stderr, message)
 
 
-@pytest.mark.parametrize("asked, gpus, rank, chosen", [
-    ("cuda", 1, 0, "cuda:0"),  # torch.cuda.set_device refuses a bare "cuda" (seen on the first GPU run)
-    ("cuda", 2, 1, "cuda:1"),  # torchrun's second process
-    ("auto", 2, 1, "cuda:1"),
-    ("cuda:1", 2, 0, "cuda:1"),
-])
-def test_model_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
-
-
-@pytest.mark.parametrize("asked, gpus, message", [
-    ("cuda:2", 2, "device 'cuda:2': torch sees 2 CUDA GPU(s); use cuda, auto or cuda:0 to cuda:1"),
-    ("cuda:x", 1, "device 'cuda:x': torch sees 1 CUDA GPU(s)"),
-    ("cuda", 0, "device 'cuda:0' asked for, but torch sees no CUDA GPU"),
-    ("cudax", 1, "unknown device 'cudax'"),
-])
-def test_model_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    with pytest.raises(ValueError, match=re.escape(message)):
-        choose_device(asked, "float32")
-
-
 def test_train_checks_out_dir_before_training(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
@@ -1171,161 +1144,7 @@ def test_train_checks_out_dir_before_training(tmp_path):
     assert status == 2 and "is not writable" in err and "iter 0" not in out, "checked before any training"
 
 
-def test_configurator_configure_applies_files_then_flags_as_nanogpt(tmp_path):
-    """A config file of plain assignments (its imports and _helpers are not
-    settings), then --key=value as a Python literal of the default's type (an int
-    is taken for a float; a text setting takes the text as typed); the keys set."""
-    preset = tmp_path / "preset.py"
-    preset.write_text("import math\nn_layer = 6\nlearning_rate = 1e-3\n_half = math.pi / 2\n")
-    config = dict(n_layer=4, learning_rate=4e-3, out_dir="", compile=False, seeds="1")
-    keys = configurator.configure(config, [str(preset), "--learning_rate=1", "--out_dir=2024", "--compile=True",
-                                           "--seeds=1,2"])
-    assert keys == {"n_layer", "learning_rate", "out_dir", "compile", "seeds"}
-    assert config == dict(n_layer=6, learning_rate=1.0, out_dir="2024", compile=True, seeds="1,2")
-    assert type(config["learning_rate"]) is float
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--n_layer=6.0"], "--n_layer=6.0: expected a value of type int (default 4)"),
-    (["--compile=1"], "--compile=1: expected a value of type bool (default False)"),
-    (["--n_layer"], "argument '--n_layer' is not of the form --key=value"),
-    (["--layers=6"], "unknown key 'layers'; valid keys: n_layer, compile"),
-    (["no_such_file.py"], "cannot read config file 'no_such_file.py': No such file or directory"),
-    (["PRESET"], "sets unknown key 'n_layers'; valid keys: n_layer, compile"),
-])
-def test_configurator_configure_mistakes_are_one_line_errors(argv, message, tmp_path, capsys):
-    preset = tmp_path / "preset.py"
-    preset.write_text("n_layers = 6\n")
-    with pytest.raises(SystemExit) as stopped:
-        configurator.configure(dict(n_layer=4, compile=False), [str(preset) if a == "PRESET" else a for a in argv])
-    err = capsys.readouterr().err
-    assert_one_line_error(stopped.value.code, err, message)
-
-
-class Checked(Exception):
-    """Raised in place of a script's work, right after its range check."""
-
-
-RANGED = ["train.py", "sample.py", "lab/compare.py", "lab/bench.py", "lab/depth_sweep.py"]
-
-
-def settings_and_ranges(script, monkeypatch):
-    """The script's settings (their defaults) and RANGES, as its check_ranges call gets them."""
-    seen = {}
-
-    def record(config, ranges):
-        seen.update(settings={k: config[k] for k in configurator.config_keys(config)}, ranges=ranges)
-        raise Checked
-
-    with monkeypatch.context() as patch, pytest.raises(Checked):
-        patch.setattr(configurator, "check_ranges", record)
-        run_in_this_process(script)
-    return seen["settings"], seen["ranges"]
-
-
-def beside_the_ends(rule, settings, key):
-    """Each end of a range (a comparison of x with numbers or settings: "x >= 1",
-    "0 <= x <= learning_rate"), and the values just below and above it, in the
-    setting's type; split, by the comparison itself, into outside and inside."""
-    compare, default = ast.parse(rule, mode="eval").body, settings[key]
-    assert isinstance(compare, ast.Compare), f"{key}: the range {rule!r} is not a plain comparison"
-    ends = [eval(ast.unparse(side), dict(settings)) for side in (compare.left, *compare.comparators)
-            if ast.unparse(side) != "x"]
-    step = (lambda v, d: v + d) if isinstance(default, int) else (lambda v, d: math.nextafter(v, d * math.inf))
-    near = sorted({type(default)(v) for end in ends for v in (step(end, -1), end, step(end, 1))})
-    inside = [v for v in near if eval(rule, {**settings, "x": v})]
-    return [v for v in near if v not in inside], inside
-
-
-@pytest.mark.parametrize("args, rates", [((), (4e-3, 4e-4)), (("--learning_rate=1e-4",), (1e-4, 1e-5)),
-                                         (("--learning_rate=1e-4", "--min_lr=0"), (1e-4, 0)),
-                                         ((os.path.join("config", "train_shakespeare_char_cpu.py"),), (1e-3, 1e-4))])
-def test_train_min_lr_follows_the_learning_rate_unless_set(args, rates, monkeypatch):
-    """train.py's CPU rate is 4e-3 with min_lr a tenth of it; a rate set alone keeps
-    that ratio (a lower one is not a range error against a default min_lr), a min_lr
-    set is kept, and nanoGPT's recipe is one file away, its 1e-3 included."""
-    def capture(config, ranges):
-        seen.update(learning_rate=config["learning_rate"], min_lr=config["min_lr"])
-        raise Checked
-
-    seen = {}
-    monkeypatch.setattr(configurator, "check_ranges", capture)
-    with pytest.raises(Checked):
-        run_in_this_process("train.py", "--device=cpu", *args)
-    assert (seen["learning_rate"], seen["min_lr"]) == pytest.approx(rates), seen
-
-
-@pytest.mark.parametrize("script", RANGED)
-def test_configurator_every_numeric_setting_has_a_range_checked_before_any_work(script, monkeypatch):
-    """Walks the script's own RANGES: every numeric setting has an entry (a new one
-    without a range fails here), and each is checked at both ends, in the script:
-    just outside is a one-line error naming it (exit 2, before any work), just
-    inside passes its own check (another's may depend on it: min_lr on learning_rate)."""
-    settings, ranges = settings_and_ranges(script, monkeypatch)
-    numeric = {k for k, v in settings.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    assert set(ranges) == numeric, f"{script}: numeric settings without a range: {numeric - set(ranges)}; " \
-                                   f"ranges of no setting: {set(ranges) - numeric}"
-    check = configurator.check_ranges
-    for key, text in ranges.items():
-        def check_then_stop(config, ranges, key=key):
-            check(config, {key: ranges[key]})
-            raise Checked
-
-        outside, inside = beside_the_ends(text, settings, key)
-        assert outside and inside, f"{script}: {key}'s range {text} has no finite end"
-        for value in outside:
-            status, _, stderr = run_in_this_process(script, f"--{key}={value!r}")
-            assert_one_line_error(status, stderr, f"error: --{key}={value}: must be ")
-            assert stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
-        for value in inside:
-            with monkeypatch.context() as patch, pytest.raises(Checked):
-                patch.setattr(configurator, "check_ranges", check_then_stop)
-                run_in_this_process(script, f"--{key}={value!r}")
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--dataset=wikipedia"], "unknown dataset 'wikipedia'"),
-    (["--input=no_such_file.txt"], "input file 'no_such_file.txt' not found"),
-    (["--tokenizer=bpe", "--input=data/shakespeare/input.txt"], "unknown tokenizer 'bpe'"),
-])
-def test_prepare_rejects_mistakes_in_one_line(args, message):
-    status, _, stderr = run_in_this_process("prepare.py", *args)
-    assert_one_line_error(status, stderr, message)
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--temprature=0.5"], "unknown key 'temprature'; valid keys: out_dir, start"),
-    (["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
-    (["--device=tpu"], "unknown device 'tpu'; choose auto, cpu, cuda, cuda:N or mps"),
-])
-def test_sample_rejects_mistakes_in_one_line(args, message):
-    status, _, stderr = run_in_this_process("sample.py", *args)
-    assert_one_line_error(status, stderr, message)
-
-
-@slow
-def test_model_compile_blocks_compiles_one_block_for_every_layer(tmp_path):
-    """--compile=True compiles each Block's code once: 2 and 4 layers trace the same
-    graphs with the same ops (the whole model compiled would trace every layer's); it
-    trains as eager does, to float rounding, and saves the same state dict names."""
-    import torch._dynamo
-    graphs, losses = {}, {}
-    for n_layer, compile in ((2, True), (4, True), (2, False)):
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
-        out = tmp_path / f"{n_layer}-{compile}"
-        train_here("--residual=hc", "--max_iters=6", "--eval_interval=6", f"--compile={compile}", f"--out_dir={out}",
-                   *TINY, f"--n_layer={n_layer}")
-        stats = torch._dynamo.utils.counters["stats"]
-        graphs[n_layer, compile] = (stats["unique_graphs"], stats["calls_captured"])
-        losses[n_layer, compile] = metrics(out)[-1]["val_loss"]
-    assert graphs[2, True] == graphs[4, True] and graphs[2, True][0] > 0 and graphs[2, False] == (0, 0), graphs
-    assert abs(losses[2, True] - losses[2, False]) < 1e-4, losses
-    saved = lambda key: set(torch.load(tmp_path / key / "ckpt.pt", weights_only=True)["model"])
-    assert saved("2-True") == saved("2-False")
-
-
-# --- interruption, corruption, divergence, multi-process ---------------------------------
+# --- interruption, corruption, divergence, multi-process
 
 def start_training(*args):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -1333,11 +1152,6 @@ def start_training(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-# train.py with an evaluation that cannot finish before a signal: the first one
-# after training began waits in its first batch, and says so, until train.py's
-# signal handler has run; only train.py's abandoning it then keeps its remaining
-# batches from running (they no longer wait). argv[1] "evaluation,save": the
-# checkpoint's write waits for ever too.
 BLOCKED = """
 import runpy, signal, sys, threading
 import torch
@@ -1370,7 +1184,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def start_blocked(blocked, *args):
-    """train.py args, under BLOCKED; returns once the blocked evaluation has begun."""
+    """train.py args, under BLOCKED; returns once the blocked evaluation has begun.
+    BLOCKED runs train.py with an evaluation that cannot finish before a signal: the
+    first one after training began waits in its first batch, and says so, until
+    train.py's signal handler has run; only train.py's abandoning it then keeps its
+    remaining batches from running (they no longer wait). blocked "evaluation,save":
+    the checkpoint's write waits for ever too."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-c", BLOCKED, blocked, "train.py", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -1503,29 +1322,9 @@ def test_train_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
         assert abs(one[key] - two[key]) < 1e-4, f"{key}: {one[key]} vs {two[key]}"
 
 
-@slow
-@needs_triton
-@pytest.mark.parametrize("name", ["mhc", "norm_gated_ihc"])
-def test_kernels_training_with_triton_kernels_matches_fused(name, tmp_path):
-    """A few iterations through the Triton kernels (in the interpreter) give the
-    losses of the fused path."""
-    common = [f"--residual={name}", "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--batch_size=2",
-              "--block_size=16", "--n_layer=1", "--n_head=2", "--n_embd=32", "--device=cpu", "--progress=False",
-              "--warmup_iters=1"]  # one layer: both sublayers, half the interpreter's time
-    train_here("--kernels=fused", f"--out_dir={tmp_path / 'fused'}", *common)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "train.py", "--kernels=triton", f"--out_dir={tmp_path / 'triton'}",
-                             *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for a, b in zip(metrics(tmp_path / "fused"), metrics(tmp_path / "triton"), strict=True):
-        for key in ("train_loss", "val_loss"):
-            assert abs(a[key] - b[key]) < 1e-4, f"iter {a['iter']} {key}: fused {a[key]} vs triton {b[key]}"
-
-
-
-# =============================================================================
-# sample.py
-# =============================================================================
+#===================================================================================================
+# sample.py: text from a checkpoint; the checkpoints and inputs it refuses
+#===================================================================================================
 
 @slow
 def test_sample_prints_text_from_the_vocabulary(trained):
@@ -1560,10 +1359,19 @@ def test_sample_checkpoints_with_settings_this_model_lacks_are_one_line_errors(t
     assert_one_line_error(status, stderr, "names settings this model does not have (gate, hc_mix)")
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--temprature=0.5"], "unknown key 'temprature'; valid keys: out_dir, start"),
+    (["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
+    (["--device=tpu"], "unknown device 'tpu'; choose auto, cpu, cuda, cuda:N or mps"),
+])
+def test_sample_rejects_mistakes_in_one_line(args, message):
+    status, _, stderr = run_in_this_process("sample.py", *args)
+    assert_one_line_error(status, stderr, message)
 
-# =============================================================================
-# theory.py: seed 000's theorems, in float64
-# =============================================================================
+
+#===================================================================================================
+# theory.py: seed 000's theorems and its counterexample, in float64
+#===================================================================================================
 
 KINDS = ["averaging", "doubly_stochastic", "low_rank", "nilpotent", "conjugated_nilpotent",
          "permuted", "zero", "full_rank", "mixture"]
@@ -1625,7 +1433,7 @@ def check_same_outputs(net, simulation, gen, tol=1e-9, d=3):
     assert theory.relative_error(theory.forward(simulation, x), theory.forward(net, x)) < tol
 
 
-# Theorem 1 -----------------------------------------------------------------
+# --- theorem 1: full-rank mixing is a change of basis
 
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("kind", ["full_rank", "doubly_stochastic", "permutation"])
@@ -1644,7 +1452,7 @@ def test_theory_theorem1_full_rank_mhc_is_an_ihc_gauge(n, kind):
         check_same_outputs(mhc, ihc, gen)
 
 
-# The counterexample --------------------------------------------------------
+# --- the counterexample: what a reset computes and a pure iHC cannot
 
 def test_theory_counterexample_mhc_computes_phi_of_phi_exactly():
     gen = torch.Generator().manual_seed(0)
@@ -1676,7 +1484,7 @@ def test_theory_pure_ihc_misses_where_the_same_fit_with_a_reset_succeeds():
     assert pure > 0.1 > 10 * with_reset, (pure, with_reset)
 
 
-# Theorem 2 -----------------------------------------------------------------
+# --- theorem 2: the chain normal form; gates reproduce rank-deficient mixing
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("kind", KINDS)
@@ -1713,7 +1521,7 @@ def test_theory_theorem2_gated_ihc_reproduces_rank_deficient_mhc(kind, n):
         check_same_outputs(mhc, gated, gen)
 
 
-# Theorem 3 -----------------------------------------------------------------
+# --- theorem 3: norm-gates reproduce mHC
 
 @pytest.mark.parametrize("scalars", ["rms", "random"])
 def test_theory_theorem3_norm_gated_ihc_reproduces_mhc(scalars):
@@ -1732,11 +1540,11 @@ def test_theory_theorem3_norm_gated_ihc_reproduces_mhc(scalars):
         check_same_outputs(mhc, theory.mhc_to_norm_gated_ihc(mhc, c), gen)
 
 
-# =============================================================================
-# fused.py and kernels.py: every fast op against residuals.py, through the switch
-# =============================================================================
+#===================================================================================================
+# fused.py: every fast op against residuals.py (kernels.py's too: each test runs both)
+#===================================================================================================
 
-# --- stream_read and stream_write ------------------------------------------------------
+# --- stream_read and stream_write
 
 STREAMS = pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 MIXES = pytest.mark.parametrize("mix", [None, "diagonal", "full"], ids=["identity", "diagonal", "full"])
@@ -1808,7 +1616,7 @@ def test_fused_stream_ops_gradcheck(n, mix):
     assert torch.autograd.gradcheck(ops.stream_read, (h, post))
 
 
-# --- rms_projection and dynamic_read (the coefficient maths) -----------------------------
+# --- rms_projection and dynamic_read (the coefficient maths)
 
 @pytest.mark.parametrize("shape", [(B, T, 4 * C), (B, T, 4, C), (5, 1)], ids=["flat", "per-stream", "width-1"])
 @pytest.mark.parametrize("expanded", [False, True], ids=["dense", "expanded"])
@@ -1866,7 +1674,7 @@ def test_fused_dynamic_read_gradcheck():
     assert torch.autograd.gradcheck(lambda h, W, alpha, bias: fn(h, W, alpha, constants["groups"], bias), leaves)
 
 
-# --- Sinkhorn: every implementation, in one place ------------------------------------------
+# --- Sinkhorn: every implementation, in one place
 
 def sinkhorn_definition(logits, iters=20, dtype=torch.float64):
     """The definition, literally: exp, then rows, then columns, in float64 (or dtype)."""
@@ -1941,8 +1749,9 @@ def test_fused_sinkhorn_gradcheck(shape):
     assert torch.autograd.gradcheck(lambda x: stream_ops("fused").sinkhorn(x, iters=5), (logits,))
 
 
-# --- kernels.py only ------------------------------------------------------------------------
-
+#===================================================================================================
+# kernels.py: the Triton path's own: no GPU, no copy, no spills, training; then the GPU tests
+#===================================================================================================
 
 @needs_triton
 def test_kernels_triton_unavailable_is_an_error(monkeypatch):
@@ -1981,13 +1790,6 @@ def test_kernels_triton_dynamic_read_keeps_no_copy_of_the_state():
     assert wide_saved_storages(stream_ops("triton").dynamic_read, h, *args) == set()
 
 
-# Compiles kernels for a GPU without one, in a subprocess (compiled, not interpreted):
-# triton.compile with a GPUTarget, the specialization a launch at the model's sizes
-# gets (16-byte aligned pointers, N and C multiples of 16), the launchers' own
-# constexprs (kernels._sinkhorn_meta, kernels._stream_shape) and the model's dtypes
-# under bf16 autocast; then cuobjdump, which triton's wheel ships beside ptxas, reads
-# each cubin's registers per thread and its stack (where spilled registers go).
-# Prints one line per kernel. argv: the n to compile, the archs, worker processes.
 COMPILE_FOR_GPU = """
 import os
 import subprocess
@@ -2051,7 +1853,15 @@ COMPILE_LINE = re.compile(r"sm_(\d+) (.+) n=(\d+): (\d+) registers, (\d+) B stac
 
 
 def compile_for_gpu(ns, archs, workers=2):
-    """{(arch, kernel, n): (registers, stack bytes, local bytes)} for every kernel."""
+    """{(arch, kernel, n): (registers, stack bytes, local bytes)} for every kernel.
+    Compiles kernels for a GPU without one, in a subprocess (COMPILE_FOR_GPU: compiled,
+    not interpreted): triton.compile with a GPUTarget, the specialization a launch at
+    the model's sizes gets (16-byte aligned pointers, N and C multiples of 16), the
+    launchers' own constexprs (kernels._sinkhorn_meta, kernels._stream_shape) and the
+    model's dtypes under bf16 autocast; then cuobjdump, which triton's wheel ships
+    beside ptxas, reads each cubin's registers per thread and its stack (where spilled
+    registers go). It prints one line per kernel; its argv: the n to compile, the
+    archs, worker processes."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU, repr(list(ns)), repr(list(archs)), str(workers)],
                             env=env, capture_output=True, text=True, cwd=ROOT)
@@ -2079,37 +1889,45 @@ def test_kernels_compile_without_spills(arch, ns):
     assert max(u[0] for u in usage.values()) < 255, usage
 
 
-# === GPU: skipped without CUDA ===
-# The kernels compiled for a real GPU (C = 768, as in a 12 x 768 model; 8 x 1024
-# tokens; n = 2..8; a state past 2^31 elements), where the interpreter above cannot look: GPU
-# rounding (round-to-nearest bf16, approximate division and exp), reductions over
-# small tiles, determinism, torch.compile. bash gpu_check.sh runs them and bench.py:
-#     TRITON_INTERPRET=0 python -m pytest tests.py -k kernels_gpu
-# With GPU_TESTS_ON_CPU=1 the same tests run on the CPU in the interpreter at tiny
-# sizes (minutes, not part of the CPU suite): break a kernel and watch them fail.
+@slow
+@needs_triton
+@pytest.mark.parametrize("name", ["mhc", "norm_gated_ihc"])
+def test_kernels_training_with_triton_kernels_matches_fused(name, tmp_path):
+    """A few iterations through the Triton kernels (in the interpreter) give the
+    losses of the fused path."""
+    common = [f"--residual={name}", "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--batch_size=2",
+              "--block_size=16", "--n_layer=1", "--n_head=2", "--n_embd=32", "--device=cpu", "--progress=False",
+              "--warmup_iters=1"]  # one layer: both sublayers, half the interpreter's time
+    train_here("--kernels=fused", f"--out_dir={tmp_path / 'fused'}", *common)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "train.py", "--kernels=triton", f"--out_dir={tmp_path / 'triton'}",
+                             *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for a, b in zip(metrics(tmp_path / "fused"), metrics(tmp_path / "triton"), strict=True):
+        for key in ("train_loss", "val_loss"):
+            assert abs(a[key] - b[key]) < 1e-4, f"iter {a['iter']} {key}: fused {a[key]} vs triton {b[key]}"
 
+
+# --- on a GPU (bash lab/gpu_check.sh), skipped without CUDA
 
 GPU_ON_CPU = os.environ.get("GPU_TESTS_ON_CPU") == "1"
 GPU_DEVICE = "cpu" if GPU_ON_CPU else "cuda"
 gpu = pytest.mark.skipif(
     kernels is None or not (GPU_ON_CPU or (torch.cuda.is_available() and not kernels.INTERPRETED)),
     reason="needs a CUDA GPU and TRITON_INTERPRET=0 (or GPU_TESTS_ON_CPU=1: tiny sizes in the interpreter)")
-# The sweep: every n at a modest size, in one dtype per op (the model's); each other
-# dtype once per op, at n = 4; one state past 2^31 elements (test_kernels_gpu_state_past_2_31_elements).
-# 8 x 1024 tokens fill an H200's 132 SMs many times over (2048 programs of 4 tokens
-# at n = 8) and keep the float64 reference small; gpu_check.sh's header counts the bytes.
 GPU_TOKENS = (3, 21) if GPU_ON_CPU else (8, 1024)  # (B, T)
 GPU_CHUNK = 1 if GPU_ON_CPU else 2  # batch rows per slice of the float64 reference: ~3 GB at n = 8, full mix
 GPU_C = 300 if GPU_ON_CPU else 768  # 300: two channel blocks, the second ragged
-# Relative RMS error against float64, by the dtype of the tensor compared. float32:
-# the kernels sum at most C = 768 products in float32 (unit roundoff 6e-8; a sum's
-# relative error grows like sqrt(C) * 6e-8 ~ 2e-6), far under 1e-5. bf16: each output
-# is rounded once to bf16 (unit roundoff 2^-9 = 2e-3: an RMS relative error of ~1.1e-3
-# rounding to nearest on a GPU, ~2.3e-3 truncating in the interpreter), so 5e-3.
-GPU_TOL = {torch.float32: 1e-5, torch.bfloat16: 5e-3}
-# The dtypes of a case: (state h, sublayer output y, coefficients pre/post/mix/logits).
-GPU_DTYPES = {"float32": (torch.float32,) * 3, "bf16": (torch.bfloat16,) * 3,
-              "model": (torch.float32, torch.bfloat16, torch.float32)}  # the model under bf16 autocast
+GPU_TOL = {  # relative RMS error against float64, by the dtype of the tensor compared
+    torch.float32: 1e-5,  # the kernels sum at most C = 768 products in float32 (unit roundoff 6e-8; a sum's
+                          # relative error grows like sqrt(C) * 6e-8 ~ 2e-6), far under 1e-5
+    torch.bfloat16: 5e-3,  # each output is rounded once to bf16 (unit roundoff 2^-9 = 2e-3: an RMS relative error
+                           # of ~1.1e-3 rounding to nearest on a GPU, ~2.3e-3 truncating in the interpreter)
+}
+GPU_DTYPES = {  # a case's dtypes: (state h, sublayer output y, coefficients pre/post/mix/logits)
+    "float32": (torch.float32,) * 3, "bf16": (torch.bfloat16,) * 3,
+    "model": (torch.float32, torch.bfloat16, torch.float32),  # the model under bf16 autocast
+}
 
 
 def gpu_poison():
@@ -2122,7 +1940,12 @@ def gpu_poison():
 
 
 def gpu_inputs(op, n, dtypes, mix=None, seed=0, tokens=GPU_TOKENS):
-    """Random inputs of (B, T) = tokens, as a dict of the op's arguments, drawn on the device."""
+    """Random inputs of (B, T) = tokens, as a dict of the op's arguments, drawn on the
+    device. The sweep: every n at a modest size, in one dtype per op (the model's); each
+    other dtype once per op, at n = 4; one state past 2^31 elements
+    (test_kernels_gpu_state_past_2_31_elements). GPU_TOKENS, 8 x 1024 tokens, fill an
+    H200's 132 SMs many times over (2048 programs of 4 tokens at n = 8) and keep the
+    float64 reference small; gpu_check.sh's header counts the bytes."""
     g = torch.Generator(GPU_DEVICE).manual_seed(seed)
     rand = lambda *shape, dtype: torch.rand(*shape, generator=g, device=GPU_DEVICE).to(dtype)
     randn = lambda *shape, dtype: torch.randn(*shape, generator=g, device=GPU_DEVICE).to(dtype)
@@ -2197,12 +2020,6 @@ def test_kernels_gpu_kernels_are_deterministic(op, mix):
         assert torch.equal(first_grads[name], second_grads[name]), f"{op}: two runs gave different d {name}"
 
 
-# 64-bit offsets. A state of 704 x 1024 tokens x 4 streams x 768 channels holds
-# 2.2e9 elements (8.9 GB in float32), past 2^31: an offset computed in int32 (a
-# program id times a stride) wraps there, and the last tokens are read from and
-# written to the wrong place or fault. kernels.py computes every offset from token
-# or matrix indices cast to int64 first (_tokens, _load_coefs, the mix rows, the
-# Sinkhorn tile). In the interpreter: a tiny stand-in, the same code path.
 GPU_LARGE_TOKENS = (1, 40) if GPU_ON_CPU else (1, 704 * 1024)
 GPU_LARGE_CHECKED = 8 if GPU_ON_CPU else 64  # tokens compared at each end
 
@@ -2215,7 +2032,13 @@ def test_kernels_gpu_state_past_2_31_elements(op, mix, dtypes):
     a float64 one would be 18 GB), against the float64 reference on the first and
     last GPU_LARGE_CHECKED tokens, each past 2^31 elements at the end: every op is
     per token, so the reference on a slice of tokens, with that slice of the upstream
-    gradient, is the reference's answer there. ~40 GB on the device at the peak."""
+    gradient, is the reference's answer there. ~40 GB on the device at the peak.
+    64-bit offsets: a state of 704 x 1024 tokens x 4 streams x 768 channels holds
+    2.2e9 elements (8.9 GB in float32), past 2^31: an offset computed in int32 (a
+    program id times a stride) wraps there, and the last tokens are read from and
+    written to the wrong place or fault. kernels.py computes every offset from token
+    or matrix indices cast to int64 first (_tokens, _load_coefs, the mix rows, the
+    Sinkhorn tile). In the interpreter: a tiny stand-in, the same code path."""
     B, T = GPU_LARGE_TOKENS
     first_checked = T - GPU_LARGE_CHECKED
     assert GPU_ON_CPU or first_checked * 4 * GPU_C > 2 ** 31, "the checked tokens must lie past 2^31 elements"
@@ -2251,25 +2074,17 @@ def gpu_train(name, kernels_impl, out_dir, *args):
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-# Limits on the train and val loss gaps between two runs, at iteration 0 and at the last evaluation.
-# At iteration 0 the weights are equal and only the stream ops' rounding differs;
-# under bf16 autocast every matmul rounds its inputs to 8 bits, so a last-bit change
-# of the float32 state flips some of those roundings: the loss moves by ~1e-4,
-# limit 2e-3. Twenty AdamW steps amplify such differences, limit 2e-2 (an effect of
-# a wrong kernel, e.g. a dropped term, is larger than that after 20 steps), or three
-# times the gap between two runs of the very same torch path (the GPU's own
-# nondeterminism), whichever is larger. In the interpreter (float32 on the CPU):
-# 1e-4 throughout, as in test_kernels_training_with_triton_kernels_matches_fused.
-GPU_TRAIN_LIMITS = (1e-4, 1e-4) if GPU_ON_CPU else (2e-3, 2e-2)
-# Every run eager: the check compiles once, in test_kernels_gpu_compiled_model_is_one_graph_and_trains_like_eager,
-# not once more per train.py process.
+GPU_TRAIN_LIMITS = (1e-4, 1e-4) if GPU_ON_CPU else (2e-3, 2e-2)  # the loss gaps allowed at 0 and at the end
 GPU_TRAIN_RUNS = [(name, impl, "eager") for name in ("mhc", "gated_ihc", "ihc") for impl in ("triton", "fused")]
 GPU_TRAIN_RUNS.append(("mhc", "fused", "rerun"))
 
 
 @pytest.fixture(scope="module")
 def gpu_training(tmp_path_factory):
-    """Every training run of the GPU tests, started at once: {(name, impl, tag): metrics rows}."""
+    """Every training run of the GPU tests, started at once: {(name, impl, tag): metrics rows}.
+    Every run eager: the check compiles once, in
+    test_kernels_gpu_compiled_model_is_one_graph_and_trains_like_eager, not once more
+    per train.py process."""
     root = tmp_path_factory.mktemp("gpu_training")
     procs = {(name, impl, tag): gpu_train(name, impl, root / f"{name}.{impl}.{tag}")
              for name, impl, tag in GPU_TRAIN_RUNS}
@@ -2289,6 +2104,16 @@ def gpu_gap(a, b, it):
 @gpu
 @pytest.mark.parametrize("name", ["mhc", "gated_ihc", "ihc"])
 def test_kernels_gpu_training_triton_matches_fused(name, gpu_training):
+    """The train and val loss gaps between triton's and fused's runs, at iteration 0 and at
+    the last evaluation, within GPU_TRAIN_LIMITS. At iteration 0 the weights are equal and
+    only the stream ops' rounding differs; under bf16 autocast every matmul rounds its
+    inputs to 8 bits, so a last-bit change of the float32 state flips some of those
+    roundings: the loss moves by ~1e-4, limit 2e-3. Twenty AdamW steps amplify such
+    differences, limit 2e-2 (an effect of a wrong kernel, e.g. a dropped term, is larger
+    than that after 20 steps), or three times the gap between two runs of the very same
+    torch path (the GPU's own nondeterminism), whichever is larger. In the interpreter
+    (float32 on the CPU): 1e-4 throughout, as in
+    test_kernels_training_with_triton_kernels_matches_fused."""
     noise = gpu_gap(gpu_training[("mhc", "fused", "eager")], gpu_training[("mhc", "fused", "rerun")], GPU_TRAIN_ITERS)
     for it, limit in zip((0, GPU_TRAIN_ITERS), GPU_TRAIN_LIMITS):
         limit = max(limit, 3 * noise) if it else limit
@@ -2331,3 +2156,198 @@ def test_kernels_gpu_compiled_model_is_one_graph_and_trains_like_eager():
             optimizer.zero_grad(set_to_none=True)
     gap = (losses[0] - losses[1]).abs().item()
     assert gap <= GPU_TRAIN_LIMITS[1], f"step {GPU_COMPILED_STEPS}: compiled and eager losses differ by {gap:.2e}"
+
+
+#===================================================================================================
+# variants.py (appendix): each study variant's change, against its equations and its topology
+#===================================================================================================
+
+WRITTEN_OUT = {  # each variant's change as written_out_step's choices, from its docstring in variants.py:
+    # hc's MIX (what A_r becomes, then which part of it mixes, then a bound), or ihc's
+    # coefficients (from each stream's own state; signed, bias + a tanh)
+    "hc": dict(), "hc.mix_static": dict(mix="static"), "hc.mix_diagonal": dict(mix="diagonal"),
+    "hc.mix_identity": dict(mix="identity"), "hc.bounded": dict(bounded=True),
+    "hc.mix_diagonal_bounded": dict(mix="diagonal", bounded=True), "hc.nonnegative": dict(nonnegative=True),
+    "hc.nonnegative_bounded": dict(nonnegative=True, bounded=True),
+    "ihc": dict(), "ihc.stream": dict(per_stream=True), "ihc.signed": dict(signed=True),
+    "ihc.signed_one_hot": dict(signed=True), "mhc": dict(), "norm_gated_ihc": dict(),
+}
+
+
+def written_out_step(topology, choices, h, sublayer):
+    """One sublayer from the equations written out here: written_out_coefficients,
+    then the variant's MIX (HC's A_r^T or a part of it, then a bound; the mHC
+    family's from its logits by the topology's own mix, which the gates' and
+    Sinkhorn's tests check), the read and the write."""
+    n = h.shape[-2]
+    pre, post, logits = written_out_coefficients(topology, h, choices)
+    if isinstance(topology, residuals.HyperConnection):
+        A_r = logits  # (B,T,n,n)
+        if choices.get("nonnegative"):
+            A_r = torch.where(A_r > 0, A_r, 0.0)  # no entry below 0
+        mix = choices.get("mix", "dynamic")
+        M = dict(static=A_r.mT, dynamic=A_r.mT, diagonal=torch.diag_embed(A_r.diagonal(0, -2, -1)),
+                 identity=torch.eye(n, dtype=h.dtype).expand_as(A_r))[mix]  # the matrix applied to h
+        if choices.get("bounded"):
+            M = M / M.abs().sum(-1).amax(-1).clamp(min=1)[..., None, None]  # no row's absolute sum above 1
+        mixed = M @ h  # (B,T,n,n) @ (B,T,n,C)
+    else:
+        mix = topology.mix(logits)  # the topology's MIX of its logits (tested on its own)
+        mixed = residuals.stream_write(h, mix, torch.zeros_like(post), torch.zeros_like(h[..., 0, :]))
+    y = sublayer((pre.unsqueeze(-1) * h).sum(-2))  # (B,T,C)
+    return mixed + post.unsqueeze(-1) * y.unsqueeze(-2)
+
+
+@pytest.mark.parametrize("ops", ["reference", "fused"])
+@pytest.mark.parametrize("name", list(WRITTEN_OUT))
+def test_variants_hc_and_ihc_variants_follow_their_equations(name, ops):
+    """With every weight random (W, the biases and statics, three different scales),
+    the sublayer's output is its equations': a variant whose change were ignored
+    would give its topology's, which these weights make differ."""
+    torch.manual_seed(0)
+    topology = standalone(name, ops=stream_ops(ops))
+    with torch.no_grad():
+        for p in topology.parameters():
+            p.add_(torch.randn_like(p))
+        topology.alpha.copy_(torch.tensor([0.5, 2.0, -3.0]))
+    h = torch.randn(2, 3, 4, 8, dtype=torch.float64)
+    M = torch.randn(8, 8, dtype=torch.float64)
+    sublayer = lambda x: torch.tanh(x @ M)  # noqa: E731
+    with torch.no_grad():
+        torch.testing.assert_close(topology(h, sublayer), written_out_step(topology, WRITTEN_OUT[name], h, sublayer),
+                                   rtol=1e-10, atol=1e-10)
+
+
+def test_variants_hc_nonnegative_passes_every_gradient_at_step_0():
+    """At step 0 A_r = I: its off-diagonal entries sit exactly on the clamp's edge.
+    The clamp must pass their gradient there (a relu would not, and the mixing would
+    never leave the diagonal): every gradient equals unclamped hc's."""
+    grads = []
+    for name in ("hc", "hc.nonnegative"):
+        torch.manual_seed(0)
+        model = GPT(tiny_config(name))
+        idx = torch.randint(0, 65, (3, 16))
+        model(idx, idx)[1].backward()
+        grads.append({pname: p.grad for pname, p in model.named_parameters() if p.grad is not None})
+    off_diagonal = ~torch.eye(4, dtype=torch.bool)
+    assert grads[0]["transformer.h.0.attn_topology.mix_static"][off_diagonal].abs().min() > 0  # something to pass
+    for pname, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][pname], grad, rtol=0, atol=0, msg=lambda m: f"{pname}: {m}")
+
+
+@pytest.mark.parametrize("name, expected", [("ihc.signed_one_hot", [0.0, 0.0, 1.0, 0.0]),
+                                            ("ihc.signed", [0.09, 0.09, 0.73, 0.09])])
+def test_variants_one_hot_read_reads_one_stream_as_hc(name, expected):
+    pre = standalone(name, sublayer_index=6).float().coefficients(torch.randn(2, 3, 4, 8))[0]  # sublayer 6: stream 2
+    torch.testing.assert_close(pre, torch.tensor(expected).expand_as(pre), atol=0, rtol=0)
+
+
+def test_variants_straight_through_gates_reach_exact_0_and_1_and_pass_the_gradient():
+    """Seed 000 s.13: a gate that can be exactly 0 (a reset) and exactly 1, whose
+    logit still learns where the forward pass is held (straight-through: gradient 1);
+    hard_sigmoid, the same forward with the true gradient, stops where it is held."""
+    u = [-0.5, 0.0, 0.3, 0.6, 1.0, 1.7]
+    assert gate_and_gradient("clip", u) == ([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], [1.0] * 6)
+    assert gate_and_gradient("hard_sigmoid", u) == ([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    assert gate_and_gradient("binary", u) == ([0.0, 0.0, 0.0, 1.0, 1.0, 1.0], [1.0] * 6)
+
+
+@pytest.mark.parametrize("form", list(GATE_FORMS))
+def test_variants_gate_logit_is_the_init_bias_that_gives_the_gate(form):
+    topology = standalone(GATE_FORMS[form]).eval()
+    values = torch.tensor([1.0] if form == "binary" else [0.05, 0.5, 0.9, 1.0], dtype=torch.float64)
+    got = topology.gate(topology.gate_logit(values))
+    assert torch.allclose(got, values, rtol=0, atol=1e-12), (form, got)
+
+
+@pytest.mark.parametrize("u", [0.0, 1.0, -1.5])
+def test_variants_hard_concrete_samples_are_exactly_0_or_1_as_often_as_the_paper_says(u):
+    """Louizos et al. 2018, Eq. 12 with gamma = -0.1, zeta = 1.1, beta = 2/3:
+    P(g = 0) = sigmoid(beta log(-gamma / zeta) - u) and, by the same argument at the
+    other end, P(g = 1) = 1 - sigmoid(beta log((1 - gamma) / (zeta - 1)) - u), with
+    (1 - gamma) / (zeta - 1) = 11. Deterministic at evaluation; noisy in training,
+    with a gradient through the sample."""
+    torch.manual_seed(0)
+    topology = standalone("norm_gated_ihc.hard_concrete").train()
+    logits = torch.full((400_000,), u, dtype=torch.float64)
+    g = topology.gate(logits)
+    beta = 2 / 3
+    p_zero = 1 / (1 + math.exp(-(beta * math.log(0.1 / 1.1) - u)))
+    p_one = 1 - 1 / (1 + math.exp(-(beta * math.log(11) - u)))
+    assert abs((g == 0).double().mean().item() - p_zero) < 0.004
+    assert abs((g == 1).double().mean().item() - p_one) < 0.004
+    assert ((g > 0) & (g < 1)).any()
+    for trial in range(2):
+        torch.manual_seed(trial)  # the same noise for both evaluations of gradcheck's finite differences
+        assert torch.autograd.gradcheck(lambda v: (torch.manual_seed(trial), topology.gate(v))[1],
+                                        torch.full((64,), u, dtype=torch.float64, requires_grad=True))
+    assert topology.eval().gate(logits[:3]).unique().numel() == 1
+
+
+def test_variants_gate_anchor_keeps_stream_0_open():
+    logits = torch.tensor([-3.0, 0.25, 0.0, 2.0], dtype=torch.float64).view(1, 1, 4)
+    anchored, free = standalone("norm_gated_ihc.anchor").gate(logits), standalone("norm_gated_ihc").gate(logits)
+    assert anchored[..., 0].item() == 1.0 and free[..., 0].item() == 0.0
+    assert anchored[..., 1:].tolist() == free[..., 1:].tolist()
+
+
+def test_variants_gating_only_the_deviations_keeps_the_mean():
+    """norm_gated_ihc.clip_deviations: MIX = J + (I - J) D (I - J), D = c(g) diag(g).
+    For any gates the streams' mean is kept and a common-mode state (every stream
+    equal) is left unchanged; equal gates above 1/c_max give c g = 1, which keeps the deviations."""
+    n = 4
+    topology = standalone("norm_gated_ihc.clip_deviations", n)
+    h = torch.randn(2, 3, n, 5, dtype=torch.float64)
+    zeros = torch.zeros(2, 3, n, dtype=torch.float64), torch.zeros(2, 3, 5, dtype=torch.float64)
+    logits = torch.rand(2, 3, n, dtype=torch.float64) * 1.4 - 0.2  # some gates at 0 or 1 exactly
+    out = residuals.stream_write(h, topology.mix(logits), *zeros)
+    mean = h.mean(2, keepdim=True)
+    torch.testing.assert_close(out.mean(2, keepdim=True), mean)
+    common = mean.expand_as(h)
+    torch.testing.assert_close(residuals.stream_write(common, topology.mix(logits), *zeros), common)
+    equal = residuals.stream_write(h, topology.mix(torch.full((2, 3, n), 0.6, dtype=torch.float64)), *zeros)
+    torch.testing.assert_close(equal, h, rtol=1e-5, atol=1e-5)  # g = 0.6 (the clip gate), c = 1 / (0.6 + eps)
+    gates = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64).expand(2, 3, n)  # c = sqrt(2): D = diag(1.41, 1.41, 0, 0)
+    D = torch.diag(math.sqrt(2) * gates[0, 0])
+    J = torch.full((n, n), 1.0 / n, dtype=torch.float64)
+    I_minus_J = torch.eye(n, dtype=torch.float64) - J
+    torch.testing.assert_close(residuals.stream_write(h, topology.mix(gates), *zeros),
+                               (J + I_minus_J @ D @ I_minus_J) @ h, rtol=1e-5, atol=1e-5)  # c: norm + 1e-6
+
+
+FINGERPRINT_SIZE = dict(n_layer=2, n_embd=16, n_head=2, block_size=8, vocab_size=64, dropout=0.0, kernels="reference")
+
+
+def fingerprint(model_args):
+    """A 2 x 16 model at seed 1337 with every parameter moved off its init: the
+    eval-mode logits at the last position, and in training mode (torch seeded, for
+    noisy gates) the loss and its gradient, each parameter's projected on a fixed
+    random direction."""
+    torch.manual_seed(1337)
+    model = GPT(GPTConfig(**FINGERPRINT_SIZE, **model_args))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            p.add_(0.3 * torch.randn(p.shape, generator=generator))
+    idx = torch.randint(0, FINGERPRINT_SIZE["vocab_size"], (2, FINGERPRINT_SIZE["block_size"]), generator=generator)
+    with torch.no_grad():
+        logits, _ = model.eval()(idx, idx)
+    torch.manual_seed(0)
+    _, loss = model.train()(idx, idx)
+    loss.backward()
+    gradient = [(p.grad * torch.randn(p.shape, generator=generator)).sum().item()
+                for _, p in sorted(model.named_parameters())]
+    return dict(logits=logits[:, -1].flatten().tolist(), loss=loss.item(), gradient=gradient)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_variants_every_variant_changes_its_topology(name):
+    """With the same weights moved off init (in training mode, seeded: noisy gates
+    alike), a variant's logits or gradients differ from its topology's, the name
+    before the dot: a variant whose change were ignored would fail here."""
+    topology = name.split(".")[0]
+    args = {key: RESIDUALS[key].default_n_streams for key in (name, topology)}
+    variant, parent = (fingerprint(dict(residual=key, n_streams=n)) for key, n in args.items())
+    differs = [key for key in ("logits", "gradient") if len(variant[key]) != len(parent[key])
+               or (torch.tensor(variant[key]) - torch.tensor(parent[key])).abs().max() > 1e-4]
+    assert differs, f"{name} computes what {topology} does"

@@ -203,7 +203,6 @@ def test_the_tutorial_imports_nothing_from_the_lab():
     """The top level is the tutorial: no file there imports lab/ (the studies,
     benchmarks and results sit on top of it, never under it), nor the lab's own
     dependency, scipy."""
-    import ast
     importers = []
     for path in sorted(glob.glob(os.path.join(ROOT, "*.py"))):
         for node in ast.walk(ast.parse(open(path).read())):

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 # Before triton is imported anywhere: the kernels run on the CPU. The GPU tests
-# want them compiled: TRITON_INTERPRET=0 python -m pytest tests.py -k test_gpu_
+# want them compiled: TRITON_INTERPRET=0 python -m pytest tests.py -k kernels_gpu
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
@@ -76,6 +76,13 @@ def run_in_this_process(script, *args):
         for s, handler in handlers.items():
             signal.signal(s, handler)
     return status, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_error(status, stderr, message):
+    """A mistake reported as every script reports one (configurator.fail): exit
+    status 2 and a single line on stderr that holds message, no traceback."""
+    assert status == 2 and message in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
 
 
 def train_here(*args):

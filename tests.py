@@ -1,19 +1,31 @@
 """
-The test suite, CPU only:  python -m pytest tests.py
-The quick check, every file without the slow tests:  python -m pytest tests.py -m "not slow"
+The tests of the tutorial's files, CPU only:  python -m pytest tests.py
+The quick check, without the slow tests:  python -m pytest tests.py -m "not slow"
+One file's tests:  python -m pytest tests.py -k test_model_  (-k model: also other names holding "model")
 
 Tests check behaviour a user relies on (the step-0 network is the residual one,
 training lowers the loss, a resumed run equals an uninterrupted one, every fast
-op equals the maths it speeds up), not shapes. One section per source file, in
-the README's reading order: residuals.py and variants.py, model.py, prepare.py
-and train.py, sample.py, theory.py, fused.py and kernels.py (every fast op against
-residuals.py, through model.stream_ops; the Triton kernels run on the CPU in
-Triton's interpreter), compare.py, plot.py, bench.py.
+op equals the maths it speeds up), not shapes. One part per file, in the README's
+reading order, variants.py last as its appendix; every test is named
+test_<file>_..., and grep -n '^# ' tests.py is the table of contents. First come
+the helpers the parts share: comparing an op with its reference (every output and
+every gradient, under random upstream gradients) and the table of the fast
+implementations. The fast ops' tests sit in fused.py's part, each run through
+model.stream_ops on fused.py and on kernels.py (the Triton kernels run on the CPU,
+in Triton's interpreter).
+
+The GPU tests (test_kernels_gpu_*, skipped without CUDA) run the kernels compiled
+for a real GPU (C = 768, as in a 12 x 768 model; 8 x 1024 tokens; n = 2..8; a state
+past 2^31 elements), where the interpreter cannot look: GPU rounding
+(round-to-nearest bf16, approximate division and exp), reductions over small tiles,
+determinism, torch.compile. bash lab/gpu_check.sh runs them, then lab/bench.py:
+    TRITON_INTERPRET=0 python -m pytest tests.py -k kernels_gpu
+With GPU_TESTS_ON_CPU=1 the same tests run on the CPU in the interpreter at tiny
+sizes (minutes, not part of the CPU suite): break a kernel and watch them fail.
 
 `slow` (pytest.ini) marks what takes seconds to minutes: the Triton interpreter's
-cases, compiling, and train.py or compare.py in processes of their own. Every
-script a test starts runs under sys.executable, never the python3 on PATH
-(python_on_path_is_not_this_one).
+cases, compiling, and train.py in processes of its own. Every script a test starts
+runs under sys.executable, never the python3 on PATH (python_on_path_is_not_this_one).
 """
 import ast
 import glob
@@ -46,7 +58,7 @@ from prepare import DATA_DIR, get_batch, gpt2_tokenizer, prepare_dataset, write_
 from residuals import TOPOLOGIES
 from theory import DT
 from variants import RESIDUALS, VARIANTS
-from conftest import ROOT, TINY, metrics, run, run_in_this_process, slow, tiny_config, train_here
+from conftest import ROOT, TINY, assert_one_line_error, metrics, run, run_in_this_process, slow, tiny_config, train_here
 
 needs_triton = pytest.mark.skipif(kernels is None, reason="triton is not installed (it has wheels for Linux only)")
 STREAM_TOPOLOGIES = [name for name in TOPOLOGIES if name != "residual"]
@@ -62,22 +74,6 @@ def training_batches(count, batch_size=8, block_size=16, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return [get_batch(data, batch_size, block_size, gen) for _ in range(count)]
 
-
-def test_the_tutorial_imports_nothing_from_the_lab():
-    """The top level is the tutorial: no file there imports lab/ (the studies,
-    benchmarks and results sit on top of it, never under it), nor the lab's own
-    dependency, scipy."""
-    import ast
-    importers = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "*.py"))):
-        for node in ast.walk(ast.parse(open(path).read())):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            importers += [os.path.basename(path) for name in names if name.split(".")[0] in ("lab", "scipy")]
-    assert len(glob.glob(os.path.join(ROOT, "*.py"))) > 5 and not importers, importers
-
-
-# --- comparing an op with its reference --------------------------------------------------
 
 B, T = 3, 21  # 63 tokens: not a multiple of any block
 C = 37  # odd on purpose
@@ -170,10 +166,6 @@ def check_against_reference(impl, op, inputs, tol, constants={}, used=None, expa
     return outs
 
 
-# The one table of the fast implementations: each case's dtype and the relative RMS
-# error allowed against the float64 reference. fused in float64 is the same maths,
-# rounding-level; in float32, float32's rounding. Triton loads in the tensor's dtype
-# and computes in float32; in bf16 each output is rounded once to 8 bits.
 CASES = {  # id: (impl, dtype, tol)
     "fused": ("fused", torch.float64, 1e-10),
     "fused-float32": ("fused", torch.float32, 1e-5),
@@ -183,7 +175,12 @@ CASES = {  # id: (impl, dtype, tol)
 
 
 def cases(*ids):
-    """Parametrize impl, dtype, tol over these CASES (the Triton ones are slow: the interpreter)."""
+    """Parametrize impl, dtype, tol over these CASES (the Triton ones are slow: the
+    interpreter). CASES is the one table of the fast implementations: each case's
+    dtype and the relative RMS error allowed against the float64 reference. fused in
+    float64 is the same maths, rounding-level; in float32, float32's rounding. Triton
+    loads in the tensor's dtype and computes in float32; in bf16 each output is
+    rounded once to 8 bits."""
     return pytest.mark.parametrize("impl, dtype, tol", [
         pytest.param(*CASES[i], id=i, marks=slow if CASES[i][0] == "triton" else ()) for i in ids])
 
@@ -198,14 +195,32 @@ FAST = cases("fused", "triton", "triton-bf16")
 IMPLS = impls("fused", "triton")
 
 
-# =============================================================================
-# residuals.py and variants.py: the maths, and each study variant's change
-# =============================================================================
+#===================================================================================================
+# *.py: the tutorial's files import nothing from lab/
+#===================================================================================================
 
-def test_reference_ops_are_the_equations():
+def test_the_tutorial_imports_nothing_from_the_lab():
+    """The top level is the tutorial: no file there imports lab/ (the studies,
+    benchmarks and results sit on top of it, never under it), nor the lab's own
+    dependency, scipy."""
+    importers = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "*.py"))):
+        for node in ast.walk(ast.parse(open(path).read())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            importers += [os.path.basename(path) for name in names if name.split(".")[0] in ("lab", "scipy")]
+    assert len(glob.glob(os.path.join(ROOT, "*.py"))) > 5 and not importers, importers
+
+
+#===================================================================================================
+# residuals.py: the equations, the coefficients, hc against its paper's code, the gates
+#===================================================================================================
+
+def test_residuals_reference_ops_are_the_equations():
     """The reference ops against the same equations written another way: einsum for
     the read and the mix ((MIX h)_i = sum_j mix[i, j] h_j, not the transpose), and
-    torch's own rms_norm for the projection."""
+    torch's own rms_norm for the projection. Sinkhorn is tested in one place, every
+    implementation together: fused.py's part, "Sinkhorn"."""
     g = torch.Generator().manual_seed(0)
     shapes = dict(h=(2, 3, 4, 5), pre=(2, 3, 4), post=(2, 3, 4), y=(2, 3, 5), full=(2, 3, 4, 4), gate=(2, 3, 4))
     h, pre, post, y, full, gate = (torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes.values())
@@ -220,11 +235,41 @@ def test_reference_ops_are_the_equations():
     torch.testing.assert_close(residuals.rms_projection(h, W), F.rms_norm(h, (5,), eps=1e-6) @ W)
 
 
+def written_out_coefficients(topology, h, choices={}):
+    """The oracle: pre, post and the MIX logits of one sublayer (hc: A_r itself), from
+    the equations in residuals.py's and variants.py's docstrings written out here in
+    plain torch, none of residuals.py's ops (HC Eqs. 10-13, mHC Eqs. 7-9). hc: per
+    stream, from its own normalized state, static + scale * tanh; hc.mix_static drops
+    A_r's dynamic part. The mHC family: from the whole state, flattened, sigmoids of
+    scale * z + bias (post doubled); ihc.stream takes stream i's from h_i alone (one
+    shared map), ihc.signed bias + scale * tanh. choices: WRITTEN_OUT's."""
+    n, C = h.shape[-2:]
+    a_pre, a_post, a_res = topology.alpha
+    if isinstance(topology, residuals.HyperConnection):
+        z = F.rms_norm(h, (C,), eps=1e-6) @ topology.proj  # (B,T,n,2+n), per stream
+        pre = topology.pre_static + a_pre * z[..., 0].tanh()
+        post = topology.post_static + a_post * z[..., 1].tanh()
+        dynamic = 0 if choices.get("mix") == "static" else a_res
+        return pre, post, topology.mix_static + dynamic * z[..., 2:].tanh()  # A_r (B,T,n,n)
+    W, b = topology.projection()  # gated: W_res, b_res joined back
+    if choices.get("per_stream"):
+        z = F.rms_norm(h, (C,), eps=1e-6) @ W  # (B,T,n,2+K/n): stream i's from h_i
+        z_pre, z_post, z_res = z[..., 0], z[..., 1], z[..., 2:].flatten(-2)
+    else:
+        z = F.rms_norm(h.flatten(-2), (n * C,), eps=1e-6) @ W  # (B,T,2n+K)
+        z_pre, z_post, z_res = z[..., :n], z[..., n:2 * n], z[..., 2 * n:]
+    if choices.get("signed"):
+        pre, post = b[:n] + a_pre * z_pre.tanh(), b[n:2 * n] + a_post * z_post.tanh()
+    else:
+        pre, post = (a_pre * z_pre + b[:n]).sigmoid(), 2 * (a_post * z_post + b[n:2 * n]).sigmoid()
+    return pre, post, a_res * z_res + b[2 * n:]
+
+
 @pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
-def test_coefficients_follow_the_papers_equations(name):
+def test_residuals_coefficients_follow_the_papers_equations(name):
     """Each of alpha's three scales multiplies its own group of logits (mHC Eqs. 7-9,
     HC Eqs. 10-13), checked with three different scales against the equations
-    written out from W's column blocks."""
+    written out from W's column blocks (written_out_coefficients)."""
     torch.manual_seed(0)
     n, width = 4, 8
     config = GPTConfig(n_embd=width, n_head=2, residual=name, n_streams=n)
@@ -234,122 +279,13 @@ def test_coefficients_follow_the_papers_equations(name):
             p.add_(torch.randn_like(p))
         topology.alpha.copy_(torch.tensor([0.5, 2.0, -3.0]))
     h = torch.randn(2, 3, n, width, dtype=torch.float64)
-    a_pre, a_post, a_res = topology.alpha
-    W, b = topology.projection() if name != "hc" else (topology.proj, None)  # gated: W_res, b_res joined back
     with torch.no_grad():
-        pre, post, res = topology.coefficients(h)
-        if name == "hc":  # per stream, from its own normalized state
-            z = F.rms_norm(h, (width,), eps=1e-6) @ W  # (B,T,n,2+n)
-            want = (topology.pre_static + a_pre * z[..., 0].tanh(), topology.post_static + a_post * z[..., 1].tanh(),
-                    topology.mix_static + a_res * z[..., 2:].tanh())
-        else:
-            z = F.rms_norm(h.flatten(-2), (n * width,), eps=1e-6) @ W  # (B,T,2n+K)
-            want = ((a_pre * z[..., :n] + b[:n]).sigmoid(), 2 * (a_post * z[..., n:2 * n] + b[n:2 * n]).sigmoid(),
-                    a_res * z[..., 2 * n:] + b[2 * n:])
-    for got, expected, what in zip((pre, post, res), want, ("pre", "post", "mix" if name == "hc" else "res")):
+        coefficients, want = topology.coefficients(h), written_out_coefficients(topology, h)
+    for got, expected, what in zip(coefficients, want, ("pre", "post", "mix" if name == "hc" else "res"), strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} {what}: {m}")
 
 
-# Each study variant's change, written out here from its docstring in variants.py:
-# hc's MIX (what A_r becomes, then which part of it mixes, then a bound), or ihc's
-# coefficients (from each stream's own state; signed, bias + a tanh).
-WRITTEN_OUT = {
-    "hc": dict(), "hc.mix_static": dict(mix="static"), "hc.mix_diagonal": dict(mix="diagonal"),
-    "hc.mix_identity": dict(mix="identity"), "hc.bounded": dict(bounded=True),
-    "hc.mix_diagonal_bounded": dict(mix="diagonal", bounded=True), "hc.nonnegative": dict(nonnegative=True),
-    "hc.nonnegative_bounded": dict(nonnegative=True, bounded=True),
-    "ihc": dict(), "ihc.stream": dict(per_stream=True), "ihc.signed": dict(signed=True),
-    "ihc.signed_one_hot": dict(signed=True), "mhc": dict(), "norm_gated_ihc": dict(),
-}
-
-
-def written_out_step(topology, choices, h, sublayer):
-    """One sublayer, from the equations in residuals.py's and variants.py's
-    docstrings written out here (HC Eqs. 10-13, mHC Eqs. 7-9)."""
-    n, C = h.shape[-2:]
-    a_pre, a_post, a_res = topology.alpha
-    if isinstance(topology, residuals.HyperConnection):
-        z = F.rms_norm(h, (C,), eps=1e-6) @ topology.proj  # (B,T,n,2+n), per stream
-        pre = topology.pre_static + a_pre * z[..., 0].tanh()
-        post = topology.post_static + a_post * z[..., 1].tanh()
-        mix = choices.get("mix", "dynamic")
-        A_r = topology.mix_static + (0 if mix == "static" else a_res) * z[..., 2:].tanh()  # (B,T,n,n)
-        if choices.get("nonnegative"):
-            A_r = torch.where(A_r > 0, A_r, 0.0)  # no entry below 0
-        M = dict(static=A_r.mT, dynamic=A_r.mT, diagonal=torch.diag_embed(A_r.diagonal(0, -2, -1)),
-                 identity=torch.eye(n, dtype=h.dtype).expand_as(A_r))[mix]  # the matrix applied to h
-        if choices.get("bounded"):
-            M = M / M.abs().sum(-1).amax(-1).clamp(min=1)[..., None, None]  # no row's absolute sum above 1
-        mixed = M @ h  # (B,T,n,n) @ (B,T,n,C)
-    else:
-        W, b = topology.projection()
-        if choices.get("per_stream"):
-            z = F.rms_norm(h, (C,), eps=1e-6) @ W  # (B,T,n,2+K/n): stream i's from h_i
-            z_pre, z_post, z_res = z[..., 0], z[..., 1], z[..., 2:].flatten(-2)
-        else:
-            z = F.rms_norm(h.flatten(-2), (n * C,), eps=1e-6) @ W  # (B,T,2n+K)
-            z_pre, z_post, z_res = z[..., :n], z[..., n:2 * n], z[..., 2 * n:]
-        if choices.get("signed"):
-            pre, post = b[:n] + a_pre * z_pre.tanh(), b[n:2 * n] + a_post * z_post.tanh()
-        else:
-            pre, post = (a_pre * z_pre + b[:n]).sigmoid(), 2 * (a_post * z_post + b[n:2 * n]).sigmoid()
-        mix = topology.mix(a_res * z_res + b[2 * n:])  # the topology's MIX of its logits (tested below)
-        mixed = residuals.stream_write(h, mix, torch.zeros_like(post), torch.zeros_like(h[..., 0, :]))
-    y = sublayer((pre.unsqueeze(-1) * h).sum(-2))  # (B,T,C)
-    return mixed + post.unsqueeze(-1) * y.unsqueeze(-2)
-
-
-def standalone(name, n=4, width=8, sublayer_index=1, ops=residuals, **config):
-    """One topology or variant on its own, float64, its GPTConfig otherwise the defaults."""
-    config = GPTConfig(n_embd=width, n_head=2, residual=name, n_streams=n, **config)
-    return RESIDUALS[name](config, sublayer_index, ops).double()
-
-
-@pytest.mark.parametrize("ops", ["reference", "fused"])
-@pytest.mark.parametrize("name", list(WRITTEN_OUT))
-def test_hc_and_ihc_variants_follow_their_equations(name, ops):
-    """With every weight random (W, the biases and statics, three different scales),
-    the sublayer's output is its equations': a variant whose change were ignored
-    would give its topology's, which these weights make differ."""
-    torch.manual_seed(0)
-    topology = standalone(name, ops=stream_ops(ops))
-    with torch.no_grad():
-        for p in topology.parameters():
-            p.add_(torch.randn_like(p))
-        topology.alpha.copy_(torch.tensor([0.5, 2.0, -3.0]))
-    h = torch.randn(2, 3, 4, 8, dtype=torch.float64)
-    M = torch.randn(8, 8, dtype=torch.float64)
-    sublayer = lambda x: torch.tanh(x @ M)  # noqa: E731
-    with torch.no_grad():
-        torch.testing.assert_close(topology(h, sublayer), written_out_step(topology, WRITTEN_OUT[name], h, sublayer),
-                                   rtol=1e-10, atol=1e-10)
-
-
-def test_hc_nonnegative_passes_every_gradient_at_step_0():
-    """At step 0 A_r = I: its off-diagonal entries sit exactly on the clamp's edge.
-    The clamp must pass their gradient there (a relu would not, and the mixing would
-    never leave the diagonal): every gradient equals unclamped hc's."""
-    grads = []
-    for name in ("hc", "hc.nonnegative"):
-        torch.manual_seed(0)
-        model = GPT(tiny_config(name))
-        idx = torch.randint(0, 65, (3, 16))
-        model(idx, idx)[1].backward()
-        grads.append({pname: p.grad for pname, p in model.named_parameters() if p.grad is not None})
-    off_diagonal = ~torch.eye(4, dtype=torch.bool)
-    assert grads[0]["transformer.h.0.attn_topology.mix_static"][off_diagonal].abs().min() > 0  # something to pass
-    for pname, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][pname], grad, rtol=0, atol=0, msg=lambda m: f"{pname}: {m}")
-
-
-@pytest.mark.parametrize("name, expected", [("ihc.signed_one_hot", [0.0, 0.0, 1.0, 0.0]),
-                                            ("ihc.signed", [0.09, 0.09, 0.73, 0.09])])
-def test_one_hot_read_reads_one_stream_as_hc(name, expected):
-    pre = standalone(name, sublayer_index=6).float().coefficients(torch.randn(2, 3, 4, 8))[0]  # sublayer 6: stream 2
-    torch.testing.assert_close(pre, torch.tensor(expected).expand_as(pre), atol=0, rtol=0)
-
-
-def test_hc_sends_stream_i_where_row_i_of_A_r_says():
+def test_residuals_hc_sends_stream_i_where_row_i_of_A_r_says():
     """HC (arXiv 2409.19606, Eq. 3) writes A_r^T H: row i of A_r, computed from
     stream i, distributes stream i's content, out_j = sum_i A_r[i, j] h_i."""
     topology = standalone("hc", n=3, sublayer_index=0)
@@ -362,7 +298,13 @@ def test_hc_sends_stream_i_where_row_i_of_A_r_says():
     torch.testing.assert_close(out[:, :, 1:], h[:, :, 1:])
 
 
-# --- the peers' code: lucidrains' hyper-connections ----------------------------------
+def standalone(name, n=4, width=8, sublayer_index=1, ops=residuals, **config):
+    """One topology or variant on its own, float64, its GPTConfig otherwise the defaults."""
+    config = GPTConfig(n_embd=width, n_head=2, residual=name, n_streams=n, **config)
+    return RESIDUALS[name](config, sublayer_index, ops).double()
+
+
+# --- the peers' code: lucidrains' hyper-connections
 
 def lucidrains_hc_as_ours(theirs):
     """Our hc's parameters from those of lucidrains' HyperConnections (hyper-connections
@@ -388,7 +330,7 @@ def lucidrains_hc_as_ours(theirs):
 
 
 @pytest.mark.parametrize("weights", ["init", "random"])
-def test_hc_computes_lucidrains_hyper_connections(weights):
+def test_residuals_hc_computes_lucidrains_hyper_connections(weights):
     """hc against the HC paper's public code (lucidrains' hyper-connections), in
     float64, their parameters mapped onto ours (lucidrains_hc_as_ours): the output, and
     under a random upstream gradient the gradients with respect to the state, the
@@ -434,7 +376,7 @@ def test_hc_computes_lucidrains_hyper_connections(weights):
         assert_close(f"{weights}: d {name}", got_grads[name], grad, 1e-12)
 
 
-# --- gates: each gate form by the variant that has it -------------------------------
+# --- the gates: each gate form by the topology or variant that has it
 
 GATE_FORMS = dict(stretched_sigmoid="norm_gated_ihc", clip="norm_gated_ihc.clip",
                   hard_sigmoid="norm_gated_ihc.hard_sigmoid", binary="norm_gated_ihc.binary",
@@ -449,18 +391,8 @@ def gate_and_gradient(form, u, training=False):
     return g.tolist(), u.grad.tolist()
 
 
-def test_straight_through_gates_reach_exact_0_and_1_and_pass_the_gradient():
-    """Seed 000 s.13: a gate that can be exactly 0 (a reset) and exactly 1, whose
-    logit still learns where the forward pass is held (straight-through: gradient 1);
-    hard_sigmoid, the same forward with the true gradient, stops where it is held."""
-    u = [-0.5, 0.0, 0.3, 0.6, 1.0, 1.7]
-    assert gate_and_gradient("clip", u) == ([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], [1.0] * 6)
-    assert gate_and_gradient("hard_sigmoid", u) == ([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
-    assert gate_and_gradient("binary", u) == ([0.0, 0.0, 0.0, 1.0, 1.0, 1.0], [1.0] * 6)
-
-
 @pytest.mark.parametrize("form", ["stretched_sigmoid", "hard_concrete"])
-def test_stretched_sigmoid_reaches_exact_0_and_1_with_its_true_gradient(form):
+def test_residuals_stretched_sigmoid_reaches_exact_0_and_1_with_its_true_gradient(form):
     """clip(1.2 sigmoid(u) - 0.1, 0, 1) is exactly 0 from u = -log 11 down (sigmoid
     = 1/12) and exactly 1 from u = log 11 up (sigmoid = 11/12); in between its
     gradient is 1.2 sigmoid'(u), outside it is 0 (hard_concrete at evaluation too)."""
@@ -472,40 +404,8 @@ def test_stretched_sigmoid_reaches_exact_0_and_1_with_its_true_gradient(form):
     assert grad[0] == grad[1] == grad[4] == grad[5] == 0.0 and abs(grad[2] - 0.3) < 1e-15
 
 
-@pytest.mark.parametrize("form", list(GATE_FORMS))
-def test_gate_logit_is_the_init_bias_that_gives_the_gate(form):
-    topology = standalone(GATE_FORMS[form]).eval()
-    values = torch.tensor([1.0] if form == "binary" else [0.05, 0.5, 0.9, 1.0], dtype=torch.float64)
-    got = topology.gate(topology.gate_logit(values))
-    assert torch.allclose(got, values, rtol=0, atol=1e-12), (form, got)
-
-
-@pytest.mark.parametrize("u", [0.0, 1.0, -1.5])
-def test_hard_concrete_samples_are_exactly_0_or_1_as_often_as_the_paper_says(u):
-    """Louizos et al. 2018, Eq. 12 with gamma = -0.1, zeta = 1.1, beta = 2/3:
-    P(g = 0) = sigmoid(beta log(-gamma / zeta) - u) and, by the same argument at the
-    other end, P(g = 1) = 1 - sigmoid(beta log((1 - gamma) / (zeta - 1)) - u), with
-    (1 - gamma) / (zeta - 1) = 11. Deterministic at evaluation; noisy in training,
-    with a gradient through the sample."""
-    torch.manual_seed(0)
-    topology = standalone("norm_gated_ihc.hard_concrete").train()
-    logits = torch.full((400_000,), u, dtype=torch.float64)
-    g = topology.gate(logits)
-    beta = 2 / 3
-    p_zero = 1 / (1 + math.exp(-(beta * math.log(0.1 / 1.1) - u)))
-    p_one = 1 - 1 / (1 + math.exp(-(beta * math.log(11) - u)))
-    assert abs((g == 0).double().mean().item() - p_zero) < 0.004
-    assert abs((g == 1).double().mean().item() - p_one) < 0.004
-    assert ((g > 0) & (g < 1)).any()
-    for trial in range(2):
-        torch.manual_seed(trial)  # the same noise for both evaluations of gradcheck's finite differences
-        assert torch.autograd.gradcheck(lambda v: (torch.manual_seed(trial), topology.gate(v))[1],
-                                        torch.full((64,), u, dtype=torch.float64, requires_grad=True))
-    assert topology.eval().gate(logits[:3]).unique().numel() == 1
-
-
 @pytest.mark.parametrize("open_gates", [4, 3, 2, 1])
-def test_norm_gate_keeps_the_rms_gain_at_one(open_gates):
+def test_residuals_norm_gate_keeps_the_rms_gain_at_one(open_gates):
     """Seed 000 s.9: with k of n binary gates open, c(g) = sqrt(n / k), so the open
     streams' squares sum to n (while c stays under c_max); fractional gates get
     c = sqrt(n) / |g|. Gates in through the clip gate, whose logits are the gates."""
@@ -521,7 +421,7 @@ def test_norm_gate_keeps_the_rms_gain_at_one(open_gates):
     torch.testing.assert_close(topology.mix(fractional), math.sqrt(n) / fractional.norm() * fractional, **close)
 
 
-def test_norm_gate_correction_is_capped_at_2():
+def test_residuals_norm_gate_correction_is_capped_at_2():
     """c_max = 2: one open gate of four would need sqrt(4 / 1) = 2, two would need 1.41."""
     topology = standalone("norm_gated_ihc.clip")
     edge, past = (torch.tensor(g, dtype=torch.float64).view(1, 1, 4) for g in ([1.0, 0, 0, 0], [0.6, 0, 0, 0]))
@@ -529,39 +429,8 @@ def test_norm_gate_correction_is_capped_at_2():
     torch.testing.assert_close(topology.mix(past), 2.0 * past)  # sqrt(4) / 0.6 = 3.3, capped
 
 
-def test_gate_anchor_keeps_stream_0_open():
-    logits = torch.tensor([-3.0, 0.25, 0.0, 2.0], dtype=torch.float64).view(1, 1, 4)
-    anchored, free = standalone("norm_gated_ihc.anchor").gate(logits), standalone("norm_gated_ihc").gate(logits)
-    assert anchored[..., 0].item() == 1.0 and free[..., 0].item() == 0.0
-    assert anchored[..., 1:].tolist() == free[..., 1:].tolist()
-
-
-def test_gating_only_the_deviations_keeps_the_mean():
-    """norm_gated_ihc.clip_deviations: MIX = J + (I - J) D (I - J), D = c(g) diag(g).
-    For any gates the streams' mean is kept and a common-mode state (every stream
-    equal) is left unchanged; equal gates above 1/c_max give c g = 1, which keeps the deviations."""
-    n = 4
-    topology = standalone("norm_gated_ihc.clip_deviations", n)
-    h = torch.randn(2, 3, n, 5, dtype=torch.float64)
-    zeros = torch.zeros(2, 3, n, dtype=torch.float64), torch.zeros(2, 3, 5, dtype=torch.float64)
-    logits = torch.rand(2, 3, n, dtype=torch.float64) * 1.4 - 0.2  # some gates at 0 or 1 exactly
-    out = residuals.stream_write(h, topology.mix(logits), *zeros)
-    mean = h.mean(2, keepdim=True)
-    torch.testing.assert_close(out.mean(2, keepdim=True), mean)
-    common = mean.expand_as(h)
-    torch.testing.assert_close(residuals.stream_write(common, topology.mix(logits), *zeros), common)
-    equal = residuals.stream_write(h, topology.mix(torch.full((2, 3, n), 0.6, dtype=torch.float64)), *zeros)
-    torch.testing.assert_close(equal, h, rtol=1e-5, atol=1e-5)  # g = 0.6 (the clip gate), c = 1 / (0.6 + eps)
-    gates = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64).expand(2, 3, n)  # c = sqrt(2): D = diag(1.41, 1.41, 0, 0)
-    D = torch.diag(math.sqrt(2) * gates[0, 0])
-    J = torch.full((n, n), 1.0 / n, dtype=torch.float64)
-    I_minus_J = torch.eye(n, dtype=torch.float64) - J
-    torch.testing.assert_close(residuals.stream_write(h, topology.mix(gates), *zeros),
-                               (J + I_minus_J @ D @ I_minus_J) @ h, rtol=1e-5, atol=1e-5)  # c: norm + 1e-6
-
-
 @pytest.mark.parametrize("g", [0.0, 0.3, 1.0])
-def test_mean_gate_keeps_the_mean_and_scales_the_differences(g):
+def test_residuals_mean_gate_keeps_the_mean_and_scales_the_differences(g):
     """Seed 000 s.8: MIX = J + g (I - J) leaves the streams' mean alone and scales
     every zero-sum direction by g, a reset of all of them at g = 0."""
     n = 4
@@ -575,7 +444,7 @@ def test_mean_gate_keeps_the_mean_and_scales_the_differences(g):
     torch.testing.assert_close(out - out.mean(2, keepdim=True), g * (h - mean))
 
 
-def test_mean_gate_cannot_reset_one_difference_and_keep_another():
+def test_residuals_mean_gate_cannot_reset_one_difference_and_keep_another():
     """Seed 000 s.8's limitation, in float64: with n = 3 and zero-sum directions v1, v2,
     the map that keeps the mean, resets v1 and keeps v2 is at least sqrt(1/2) (Frobenius)
     from every J + g (I - J): on v1 the error is g, on v2 it is g - 1, and
@@ -591,13 +460,9 @@ def test_mean_gate_cannot_reset_one_difference_and_keep_another():
     assert abs(gs[distance.argmin()].item() - 0.5) < 1e-3
 
 
-# Sinkhorn is tested in one place, every implementation together: see "Sinkhorn"
-# in the fused.py and kernels.py section.
-
-
-# =============================================================================
-# model.py: the step-0 network, every spelling, the optimizer, the diagnostics, the switch
-# =============================================================================
+#===================================================================================================
+# model.py: the step-0 network, the settings, the switch, the device, the optimizer, the diagnostics
+#===================================================================================================
 
 def with_weights_of(reference, config):
     """A model of `config` whose embedding, attention, MLP, norms and head are
@@ -608,14 +473,16 @@ def with_weights_of(reference, config):
     return model
 
 
-# MIX = diag(g) is I only at g = 1; c(g) g and J + g (I - J) at any equal g. The exceptions, as documented:
-# gated_ihc's diag(0.9), and the anchor's c(g) g with g = (1, 0.9, 0.9, 0.9), c = sqrt(4) / |g|.
-ANCHORED = torch.tensor([1.0, 0.9, 0.9, 0.9])
-STEP_0_MIX = {"gated_ihc": torch.full((4,), 0.9), "norm_gated_ihc.anchor": 2 / ANCHORED.norm() * ANCHORED}
+ANCHORED = torch.tensor([1.0, 0.9, 0.9, 0.9])  # the anchor's gates at step 0: stream 0 open
+STEP_0_MIX = {  # MIX's diagonal where it is not I at step 0, as documented: diag(g) is I only at g = 1
+    # (c(g) g and J + g (I - J) at any equal g)
+    "gated_ihc": torch.full((4,), 0.9),  # diag(0.9)
+    "norm_gated_ihc.anchor": 2 / ANCHORED.norm() * ANCHORED,  # c(g) g, c = sqrt(4) / |g|
+}
 
 
 @pytest.mark.parametrize("name", [name for name in RESIDUALS if name != "residual"])
-def test_every_topology_and_variant_starts_as_the_residual_network(name):
+def test_model_every_topology_and_variant_starts_as_the_residual_network(name):
     """MIX = I at step 0 on the equal step-0 streams, sum(pre) = 1, post = 1: the
     residual network's function (in evaluation mode, where hard_concrete's gate is
     deterministic). gated_ihc, as documented, starts as the residual network whose
@@ -637,44 +504,6 @@ def test_every_topology_and_variant_starts_as_the_residual_network(name):
     assert err < 1e-5, f"{name} at step 0 differs from the residual network by {err}"
 
 
-FINGERPRINT_SIZE = dict(n_layer=2, n_embd=16, n_head=2, block_size=8, vocab_size=64, dropout=0.0, kernels="reference")
-
-
-def fingerprint(model_args):
-    """A 2 x 16 model at seed 1337 with every parameter moved off its init: the
-    eval-mode logits at the last position, and in training mode (torch seeded, for
-    noisy gates) the loss and its gradient, each parameter's projected on a fixed
-    random direction."""
-    torch.manual_seed(1337)
-    model = GPT(GPTConfig(**FINGERPRINT_SIZE, **model_args))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
-            p.add_(0.3 * torch.randn(p.shape, generator=generator))
-    idx = torch.randint(0, FINGERPRINT_SIZE["vocab_size"], (2, FINGERPRINT_SIZE["block_size"]), generator=generator)
-    with torch.no_grad():
-        logits, _ = model.eval()(idx, idx)
-    torch.manual_seed(0)
-    _, loss = model.train()(idx, idx)
-    loss.backward()
-    gradient = [(p.grad * torch.randn(p.shape, generator=generator)).sum().item()
-                for _, p in sorted(model.named_parameters())]
-    return dict(logits=logits[:, -1].flatten().tolist(), loss=loss.item(), gradient=gradient)
-
-
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_every_variant_changes_its_topology(name):
-    """With the same weights moved off init (in training mode, seeded: noisy gates
-    alike), a variant's logits or gradients differ from its topology's, the name
-    before the dot: a variant whose change were ignored would fail here."""
-    topology = name.split(".")[0]
-    args = {key: RESIDUALS[key].default_n_streams for key in (name, topology)}
-    variant, parent = (fingerprint(dict(residual=key, n_streams=n)) for key, n in args.items())
-    differs = [key for key in ("logits", "gradient") if len(variant[key]) != len(parent[key])
-               or (torch.tensor(variant[key]) - torch.tensor(parent[key])).abs().max() > 1e-4]
-    assert differs, f"{name} computes what {topology} does"
-
-
 @pytest.mark.parametrize("config, message", [
     (dict(residual="hc.mix_none"), "unknown residual 'hc.mix_none'; choose one of: residual, hc, mhc, mhc_lite, ihc, "
                                    "gated_ihc, norm_gated_ihc, mean_gated_ihc, hc.mix_static, "),
@@ -683,12 +512,12 @@ def test_every_variant_changes_its_topology(name):
     (dict(residual="residual", alpha_init=0.1), "alpha_init: 'residual' does not use it; it applies to hc, mhc"),
     (dict(residual="ihc", n_streams=4, sinkhorn_iters=5), "sinkhorn_iters: 'ihc' does not use it; it applies to mhc"),
 ])
-def test_a_setting_the_topology_would_ignore_is_an_error(config, message):
+def test_model_a_setting_the_topology_would_ignore_is_an_error(config, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         check_config(GPTConfig(**config))
 
 
-def test_default_gates_keep_learning_where_gates_on_the_clip_edge_freeze(tmp_path):
+def test_model_default_gates_keep_learning_where_gates_on_the_clip_edge_freeze(tmp_path):
     """Gates that start on the clip's edge (g = 1, norm_gated_ihc.init1) with the
     default, true-gradient gate are frozen by the first update that pushes them past
     it: at 12 layers, within 20 iterations, most gate logits are held and the gates
@@ -705,7 +534,7 @@ def test_default_gates_keep_learning_where_gates_on_the_clip_edge_freeze(tmp_pat
 
 
 @pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
-def test_topology_parameters_change_the_output(name):
+def test_model_topology_parameters_change_the_output(name):
     """Away from init, every topology's MIX / pre / post really act on the output."""
     torch.manual_seed(0)
     model = GPT(tiny_config(name))
@@ -719,7 +548,7 @@ def test_topology_parameters_change_the_output(name):
 
 
 @pytest.mark.parametrize("name", STREAM_TOPOLOGIES)
-def test_three_steps_break_stream_symmetry(name):
+def test_model_three_steps_break_stream_symmetry(name):
     """After three AdamW steps on real text every topology parameter has a
     non-zero gradient, and the streams are no longer copies of each other."""
     torch.manual_seed(0)
@@ -741,161 +570,6 @@ def test_three_steps_break_stream_symmetry(name):
     # With a symmetric init (pre = 1/n on every stream) the spread stays at rounding
     # level, <= 3e-8 (measured); the asymmetric init gives >= 7e-6 after three steps.
     assert spread > 1e-6, f"{name}: the {h.shape[2]} streams are still identical (spread {spread:.1e})"
-
-
-# --- the optimizer -------------------------------------------------------------------
-
-def test_optimizer_groups():
-    model = GPT(tiny_config("hc"))
-    decay, no_decay = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu").param_groups
-    names = {id(p): n for n, p in model.named_parameters()}
-    decayed = {names[id(p)] for p in decay["params"]}
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert "transformer.h.0.attn.c_attn.weight" in decayed
-    assert "transformer.h.0.attn_topology.proj" in decayed  # HC's W is a projection
-    for static in ("mix_static", "pre_static", "post_static", "alpha"):
-        assert f"transformer.h.0.attn_topology.{static}" not in decayed
-    assert "transformer.ln_f.weight" not in decayed
-
-
-ALL_GATED = [name for name, T in RESIDUALS.items() if issubclass(T, residuals.GatedIHC)]  # variants too
-
-
-@pytest.mark.parametrize("name", ALL_GATED)
-def test_gate_logits_have_optimizer_groups_of_their_own(name):
-    """W_res's columns and b_res of every sublayer, and nothing else, train at gate_lr_mult times the rate."""
-    model = GPT(tiny_config(name))
-    groups = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu", gate_lr_mult=4.0).param_groups
-    names = {id(p): n for n, p in model.named_parameters()}
-    multiplied = sorted(names[id(p)] for group in groups if group["lr_mult"] == 4.0 for p in group["params"])
-    want = sorted(f"transformer.h.{layer}.{sub}_topology.{p}" for layer in range(2) for sub in ("attn", "mlp")
-                  for p in ("gate_proj", "gate_bias"))
-    assert multiplied == want and all(group["lr_mult"] in (1.0, 4.0) for group in groups)
-
-
-@pytest.mark.parametrize("name", ["gated_ihc", "gated_ihc.clip"])  # others' gates get no gradient on equal streams
-def test_gate_lr_mult_scales_only_the_gate_logits_step(name, tmp_path):
-    """train.py's first AdamW step is lr * g / (|g| + eps) per element, the same
-    gradients at any --gate_lr_mult: at 4, the gate logits' parameters (W_res's
-    columns and b_res, decayed from 0 and not decayed) move exactly 4 times as far
-    as at 1, and every other parameter as far."""
-    moved = {}
-    for mult in (1, 4):
-        out_dir = tmp_path / str(mult)
-        train_here(f"--residual={name}", f"--gate_lr_mult={mult}", "--max_iters=1", "--eval_interval=1",
-                   f"--out_dir={out_dir}", *TINY, "--warmup_iters=0", "--learning_rate=0.1")  # steps far above rounding
-        torch.manual_seed(1337)  # train.py's seed: its model's init
-        init = GPT(GPTConfig(**torch.load(out_dir / "ckpt.pt", weights_only=True)["model_args"])).state_dict()
-        trained = torch.load(out_dir / "ckpt.pt", weights_only=True)["model"]
-        moved[mult] = {k: trained[k] - init[k] for k in init}
-    gate = [k for k in moved[1] if k.endswith((".gate_proj", ".gate_bias"))]
-    assert len(gate) == 2 * 2 * 2, gate  # two per sublayer, 2 layers x 2 sublayers
-    for k in moved[1]:
-        want = 4 * moved[1][k] if k in gate else moved[1][k]
-        torch.testing.assert_close(moved[4][k], want, rtol=1e-4, atol=1e-6, msg=lambda m: f"{k}: {m}")
-    assert all(moved[1][k].abs().max() > 1e-3 for k in gate), "the gates must move for the test to say anything"
-
-
-def test_gate_gradient_norm_is_logged_for_gated_topologies_only(tmp_path):
-    """The gate logits' gradient norm at the first iteration (--log_interval=1). On
-    the equal step-0 streams mean_gated_ihc's MIX = J + g (I - J) gives J h whatever
-    g is: 0 there (to float32 rounding, ~1e-11), while the global norm is ~1. gated_ihc's diag(g) h
-    does depend on g: above 0, and below the global norm it is part of. No gates,
-    no column."""
-    for name in ("mean_gated_ihc", "gated_ihc", "ihc"):
-        train_here(f"--residual={name}", "--max_iters=1", "--eval_interval=1", "--log_interval=1",
-                   f"--out_dir={tmp_path / name}", *TINY)
-    (mean_gated,), (gated,) = (metrics(tmp_path / name, "grad_norm") for name in ("mean_gated_ihc", "gated_ihc"))
-    assert mean_gated["gate_grad_norm"] < 1e-6 * mean_gated["grad_norm"], mean_gated
-    assert 0 < gated["gate_grad_norm"] < gated["grad_norm"], gated
-    assert "gate_grad_norm" not in metrics(tmp_path / "ihc", "grad_norm")[0]
-
-
-@pytest.mark.parametrize("name", ["residual", "hc", "mhc", "mhc_lite", "ihc", "gated_ihc.clip", "norm_gated_ihc"])
-def test_composite_gain_is_one_at_init(name):
-    """Where MIX is I at step 0 (gated_ihc and mean_gated_ihc start at g = 0.9: their P shrinks)."""
-    torch.manual_seed(0)
-    report = GPT(tiny_config(name)).diagnostics(torch.randint(0, 65, (2, 16)))
-    assert abs(report["gain_forward"] - 1) < 1e-5 and abs(report["gain_backward"] - 1) < 1e-5, report
-    assert abs(report["gain_mean_direction"] - 1) < 1e-5, report
-    n = RESIDUALS[name].default_n_streams  # P = I, except mhc's and mhc_lite's near-identity start
-    assert n - 1 < report["effective_rank"] <= n + 1e-4 if name in ("mhc", "mhc_lite") else \
-        abs(report["effective_rank"] - n) < 1e-4, report
-    gated = issubclass(RESIDUALS[name], residuals.GatedIHC)
-    assert ("gate_mean" in report) == ("gate_logits_clipped" in report) == gated
-
-
-def test_composite_gain_of_the_mix_product():
-    """The gain is computed from the product of the MIX matrices: scale one
-    sublayer's static HC mix by 2 and the forward and backward gains double.
-    (hc's MIX is A_r transposed: the test sets A_r = L^T to get MIX = L.)"""
-    torch.manual_seed(0)
-    model = GPT(tiny_config("hc"))
-    with torch.no_grad():
-        model.transformer.h[1].attn_topology.mix_static.mul_(2.0)
-        model.transformer.h[0].mlp_topology.mix_static.copy_(torch.tensor(
-            [[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]).T)
-    report = model.diagnostics(torch.randint(0, 65, (2, 16)))
-    assert abs(report["gain_forward"] - 2.0) < 1e-5  # rows of 2 * L sum to 2
-    assert abs(report["gain_backward"] - 3.0) < 1e-5  # column 0 of 2 * L sums to 2 * 1.5
-
-
-def test_composite_gain_is_float32_under_bf16_autocast():
-    """train.py measures under the GPU's bf16 autocast, where a matmul would round
-    the product to bf16 (8 bits: 1.001 is 1.0) and CUDA's svdvals refuses bf16
-    (the first GPU run). A gain of 1.001 must read as 1.001."""
-    torch.manual_seed(0)
-    model = GPT(tiny_config("hc"))
-    with torch.no_grad():
-        model.transformer.h[1].attn_topology.mix_static.mul_(1.001)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        report = model.diagnostics(torch.randint(0, 65, (2, 16)))
-    assert abs(report["gain_forward"] - 1.001) < 1e-5, report
-
-
-def test_mean_direction_gain_and_effective_rank_see_decay_and_collapse():
-    """The maximum row sum hides a stream that fades or a product that collapses:
-    with MIX = diag(1, 1, 0, 0) in one sublayer, |P 1| / |1| = sqrt(2/4) and P has
-    rank 2; with J = ones / 4 (mHC's averaging mixer) the rank is 1 and the mean
-    direction keeps its gain 1. Streams 0 and 1 both copying stream 0, stream 2
-    kept, stream 3 reset: P 1 = (1, 1, 1, 0), singular values sqrt(2) and 1."""
-    p = torch.tensor([math.sqrt(2), 1.0]) / (math.sqrt(2) + 1)
-    copy = torch.tensor([[1.0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
-    for mix, gain, rank in ((torch.diag(torch.tensor([1.0, 1.0, 0.0, 0.0])), math.sqrt(0.5), 2.0),
-                            (torch.full((4, 4), 0.25), 1.0, 1.0),
-                            (copy, math.sqrt(3) / 2, math.exp(-(p * p.log()).sum().item()))):
-        torch.manual_seed(0)
-        model = GPT(tiny_config("hc"))
-        with torch.no_grad():
-            model.transformer.h[0].mlp_topology.mix_static.copy_(mix.T)  # hc's MIX is A_r^T
-        report = model.diagnostics(torch.randint(0, 65, (2, 16)))
-        assert abs(report["gain_mean_direction"] - gain) < 1e-5, report
-        assert abs(report["effective_rank"] - rank) < 1e-4, report
-
-
-@pytest.mark.parametrize("name, logits", [("gated_ihc.clip", [1.5, -0.2, 1.0, 0.0]), ("gated_ihc", [3.0, -3.0, 2.0, 0.0])])
-def test_gate_logits_outside_the_clip_are_counted(name, logits):
-    """Held: the gate before its clip is outside [0, 1] (clip: u itself; stretched
-    sigmoid: 1.2 sigmoid(u) - 0.1, inside for |u| < log 11 = 2.4)."""
-    torch.manual_seed(0)
-    model = GPT(tiny_config(name))
-    with torch.no_grad():  # W = 0 at init: the gate logits are their biases
-        model.transformer.h[0].attn_topology.gate_bias.copy_(torch.tensor(logits))
-    report = model.diagnostics(torch.randint(0, 65, (2, 16)))
-    assert report["gate_logits_clipped"][0] == 0.5, report
-
-
-def test_hc_gain_grows_while_mhc_stays_near_one(tmp_path):
-    """50 iterations: unconstrained hc with its tanh scales raised to 1.0 reports
-    a composite gain above 1 (about 2 here); mhc's products of doubly stochastic
-    matrices keep column sums at 1 (backward gain) and row sums within the Sinkhorn gap."""
-    common = ["--max_iters=50", "--eval_interval=50", *TINY]
-    train_here("--residual=hc", "--alpha_init=1.0", f"--out_dir={tmp_path / 'hc'}", *common)
-    train_here("--residual=mhc", f"--out_dir={tmp_path / 'mhc'}", *common)
-    hc, mhc = metrics(tmp_path / "hc")[-1], metrics(tmp_path / "mhc")[-1]
-    assert hc["gain_forward"] > 1.1 and hc["gain_backward"] > 1.1, hc
-    for key in ("gain_forward", "gain_backward"):
-        assert 0.99 <= mhc[key] <= 1.01, mhc
 
 
 @pytest.mark.parametrize("kernels", ["reference", "fused"])
@@ -943,11 +617,201 @@ def test_model_matches_reference(name, impl):
         assert err <= 1e-4 * scale + 1e-7, f"{name} {impl}: d {pname} differs by {err:.2e} (max {scale:.2e})"
 
 
-# =============================================================================
-# prepare.py and train.py: data, training end to end, mistakes, interruptions
-# =============================================================================
+@pytest.mark.parametrize("asked, gpus, rank, chosen", [
+    ("cuda", 1, 0, "cuda:0"),  # torch.cuda.set_device refuses a bare "cuda" (seen on the first GPU run)
+    ("cuda", 2, 1, "cuda:1"),  # torchrun's second process
+    ("auto", 2, 1, "cuda:1"),
+    ("cuda:1", 2, 0, "cuda:1"),
+])
+def test_model_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
 
-def test_gpt2_tokenizer_is_offline_gpt2():
+
+@pytest.mark.parametrize("asked, gpus, message", [
+    ("cuda:2", 2, "device 'cuda:2': torch sees 2 CUDA GPU(s); use cuda, auto or cuda:0 to cuda:1"),
+    ("cuda:x", 1, "device 'cuda:x': torch sees 1 CUDA GPU(s)"),
+    ("cuda", 0, "device 'cuda:0' asked for, but torch sees no CUDA GPU"),
+    ("cudax", 1, "unknown device 'cudax'"),
+])
+def test_model_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        choose_device(asked, "float32")
+
+
+@slow
+def test_model_compile_blocks_compiles_one_block_for_every_layer(tmp_path):
+    """--compile=True compiles each Block's code once: 2 and 4 layers trace the same
+    graphs with the same ops (the whole model compiled would trace every layer's); it
+    trains as eager does, to float rounding, and saves the same state dict names."""
+    import torch._dynamo
+    graphs, losses = {}, {}
+    for n_layer, compile in ((2, True), (4, True), (2, False)):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        out = tmp_path / f"{n_layer}-{compile}"
+        train_here("--residual=hc", "--max_iters=6", "--eval_interval=6", f"--compile={compile}", f"--out_dir={out}",
+                   *TINY, f"--n_layer={n_layer}")
+        stats = torch._dynamo.utils.counters["stats"]
+        graphs[n_layer, compile] = (stats["unique_graphs"], stats["calls_captured"])
+        losses[n_layer, compile] = metrics(out)[-1]["val_loss"]
+    assert graphs[2, True] == graphs[4, True] and graphs[2, True][0] > 0 and graphs[2, False] == (0, 0), graphs
+    assert abs(losses[2, True] - losses[2, False]) < 1e-4, losses
+    saved = lambda key: set(torch.load(tmp_path / key / "ckpt.pt", weights_only=True)["model"])
+    assert saved("2-True") == saved("2-False")
+
+
+# --- the optimizer
+
+def test_model_optimizer_groups():
+    model = GPT(tiny_config("hc"))
+    decay, no_decay = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu").param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert "transformer.h.0.attn.c_attn.weight" in decayed
+    assert "transformer.h.0.attn_topology.proj" in decayed  # HC's W is a projection
+    for static in ("mix_static", "pre_static", "post_static", "alpha"):
+        assert f"transformer.h.0.attn_topology.{static}" not in decayed
+    assert "transformer.ln_f.weight" not in decayed
+
+
+ALL_GATED = [name for name, T in RESIDUALS.items() if issubclass(T, residuals.GatedIHC)]  # variants too
+
+
+@pytest.mark.parametrize("name", ALL_GATED)
+def test_model_gate_logits_have_optimizer_groups_of_their_own(name):
+    """W_res's columns and b_res of every sublayer, and nothing else, train at gate_lr_mult times the rate."""
+    model = GPT(tiny_config(name))
+    groups = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu", gate_lr_mult=4.0).param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    multiplied = sorted(names[id(p)] for group in groups if group["lr_mult"] == 4.0 for p in group["params"])
+    want = sorted(f"transformer.h.{layer}.{sub}_topology.{p}" for layer in range(2) for sub in ("attn", "mlp")
+                  for p in ("gate_proj", "gate_bias"))
+    assert multiplied == want and all(group["lr_mult"] in (1.0, 4.0) for group in groups)
+
+
+@pytest.mark.parametrize("name", ["gated_ihc", "gated_ihc.clip"])  # others' gates get no gradient on equal streams
+def test_model_gate_lr_mult_scales_only_the_gate_logits_step(name, tmp_path):
+    """train.py's first AdamW step is lr * g / (|g| + eps) per element, the same
+    gradients at any --gate_lr_mult: at 4, the gate logits' parameters (W_res's
+    columns and b_res, decayed from 0 and not decayed) move exactly 4 times as far
+    as at 1, and every other parameter as far."""
+    moved = {}
+    for mult in (1, 4):
+        out_dir = tmp_path / str(mult)
+        train_here(f"--residual={name}", f"--gate_lr_mult={mult}", "--max_iters=1", "--eval_interval=1",
+                   f"--out_dir={out_dir}", *TINY, "--warmup_iters=0", "--learning_rate=0.1")  # steps far above rounding
+        torch.manual_seed(1337)  # train.py's seed: its model's init
+        init = GPT(GPTConfig(**torch.load(out_dir / "ckpt.pt", weights_only=True)["model_args"])).state_dict()
+        trained = torch.load(out_dir / "ckpt.pt", weights_only=True)["model"]
+        moved[mult] = {k: trained[k] - init[k] for k in init}
+    gate = [k for k in moved[1] if k.endswith((".gate_proj", ".gate_bias"))]
+    assert len(gate) == 2 * 2 * 2, gate  # two per sublayer, 2 layers x 2 sublayers
+    for k in moved[1]:
+        want = 4 * moved[1][k] if k in gate else moved[1][k]
+        torch.testing.assert_close(moved[4][k], want, rtol=1e-4, atol=1e-6, msg=lambda m: f"{k}: {m}")
+    assert all(moved[1][k].abs().max() > 1e-3 for k in gate), "the gates must move for the test to say anything"
+
+
+# --- the diagnostics: composite gain, effective rank, gates held by their clip
+
+@pytest.mark.parametrize("name", ["residual", "hc", "mhc", "mhc_lite", "ihc", "gated_ihc.clip", "norm_gated_ihc"])
+def test_model_composite_gain_is_one_at_init(name):
+    """Where MIX is I at step 0 (gated_ihc and mean_gated_ihc start at g = 0.9: their P shrinks)."""
+    torch.manual_seed(0)
+    report = GPT(tiny_config(name)).diagnostics(torch.randint(0, 65, (2, 16)))
+    assert abs(report["gain_forward"] - 1) < 1e-5 and abs(report["gain_backward"] - 1) < 1e-5, report
+    assert abs(report["gain_mean_direction"] - 1) < 1e-5, report
+    n = RESIDUALS[name].default_n_streams  # P = I, except mhc's and mhc_lite's near-identity start
+    assert n - 1 < report["effective_rank"] <= n + 1e-4 if name in ("mhc", "mhc_lite") else \
+        abs(report["effective_rank"] - n) < 1e-4, report
+    gated = issubclass(RESIDUALS[name], residuals.GatedIHC)
+    assert ("gate_mean" in report) == ("gate_logits_clipped" in report) == gated
+
+
+def test_model_composite_gain_of_the_mix_product():
+    """The gain is computed from the product of the MIX matrices: scale one
+    sublayer's static HC mix by 2 and the forward and backward gains double.
+    (hc's MIX is A_r transposed: the test sets A_r = L^T to get MIX = L.)"""
+    torch.manual_seed(0)
+    model = GPT(tiny_config("hc"))
+    with torch.no_grad():
+        model.transformer.h[1].attn_topology.mix_static.mul_(2.0)
+        model.transformer.h[0].mlp_topology.mix_static.copy_(torch.tensor(
+            [[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]).T)
+    report = model.diagnostics(torch.randint(0, 65, (2, 16)))
+    assert abs(report["gain_forward"] - 2.0) < 1e-5  # rows of 2 * L sum to 2
+    assert abs(report["gain_backward"] - 3.0) < 1e-5  # column 0 of 2 * L sums to 2 * 1.5
+
+
+def test_model_composite_gain_is_float32_under_bf16_autocast():
+    """train.py measures under the GPU's bf16 autocast, where a matmul would round
+    the product to bf16 (8 bits: 1.001 is 1.0) and CUDA's svdvals refuses bf16
+    (the first GPU run). A gain of 1.001 must read as 1.001."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config("hc"))
+    with torch.no_grad():
+        model.transformer.h[1].attn_topology.mix_static.mul_(1.001)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        report = model.diagnostics(torch.randint(0, 65, (2, 16)))
+    assert abs(report["gain_forward"] - 1.001) < 1e-5, report
+
+
+def test_model_mean_direction_gain_and_effective_rank_see_decay_and_collapse():
+    """The maximum row sum hides a stream that fades or a product that collapses:
+    with MIX = diag(1, 1, 0, 0) in one sublayer, |P 1| / |1| = sqrt(2/4) and P has
+    rank 2; with J = ones / 4 (mHC's averaging mixer) the rank is 1 and the mean
+    direction keeps its gain 1. Streams 0 and 1 both copying stream 0, stream 2
+    kept, stream 3 reset: P 1 = (1, 1, 1, 0), singular values sqrt(2) and 1."""
+    p = torch.tensor([math.sqrt(2), 1.0]) / (math.sqrt(2) + 1)
+    copy = torch.tensor([[1.0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
+    for mix, gain, rank in ((torch.diag(torch.tensor([1.0, 1.0, 0.0, 0.0])), math.sqrt(0.5), 2.0),
+                            (torch.full((4, 4), 0.25), 1.0, 1.0),
+                            (copy, math.sqrt(3) / 2, math.exp(-(p * p.log()).sum().item()))):
+        torch.manual_seed(0)
+        model = GPT(tiny_config("hc"))
+        with torch.no_grad():
+            model.transformer.h[0].mlp_topology.mix_static.copy_(mix.T)  # hc's MIX is A_r^T
+        report = model.diagnostics(torch.randint(0, 65, (2, 16)))
+        assert abs(report["gain_mean_direction"] - gain) < 1e-5, report
+        assert abs(report["effective_rank"] - rank) < 1e-4, report
+
+
+@pytest.mark.parametrize("name, logits", [("gated_ihc.clip", [1.5, -0.2, 1.0, 0.0]), ("gated_ihc", [3.0, -3.0, 2.0, 0.0])])
+def test_model_gate_logits_outside_the_clip_are_counted(name, logits):
+    """Held: the gate before its clip is outside [0, 1] (clip: u itself; stretched
+    sigmoid: 1.2 sigmoid(u) - 0.1, inside for |u| < log 11 = 2.4)."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config(name))
+    with torch.no_grad():  # W = 0 at init: the gate logits are their biases
+        model.transformer.h[0].attn_topology.gate_bias.copy_(torch.tensor(logits))
+    report = model.diagnostics(torch.randint(0, 65, (2, 16)))
+    assert report["gate_logits_clipped"][0] == 0.5, report
+
+
+def test_model_hc_gain_grows_while_mhc_stays_near_one(tmp_path):
+    """50 iterations: unconstrained hc with its tanh scales raised to 1.0 reports
+    a composite gain above 1 (about 2 here); mhc's products of doubly stochastic
+    matrices keep column sums at 1 (backward gain) and row sums within the Sinkhorn gap."""
+    common = ["--max_iters=50", "--eval_interval=50", *TINY]
+    train_here("--residual=hc", "--alpha_init=1.0", f"--out_dir={tmp_path / 'hc'}", *common)
+    train_here("--residual=mhc", f"--out_dir={tmp_path / 'mhc'}", *common)
+    hc, mhc = metrics(tmp_path / "hc")[-1], metrics(tmp_path / "mhc")[-1]
+    assert hc["gain_forward"] > 1.1 and hc["gain_backward"] > 1.1, hc
+    for key in ("gain_forward", "gain_backward"):
+        assert 0.99 <= mhc[key] <= 1.01, mhc
+
+
+#===================================================================================================
+# prepare.py: the token files, GPT-2's tokenizer, the batches, its mistakes
+#===================================================================================================
+
+def test_prepare_gpt2_tokenizer_is_offline_gpt2():
     # [31373, 995] is GPT-2's encoding of "hello world" (tiktoken's documented example)
     assert gpt2_tokenizer().encode("hello world") == [31373, 995]
 
@@ -962,7 +826,7 @@ def test_prepare_token_counts_match_nanogpt():
         assert pickle.load(f)["vocab_size"] == 65
 
 
-def test_two_processes_writing_the_same_dataset_file_both_succeed(tmp_path):
+def test_prepare_two_processes_writing_the_same_dataset_file_both_succeed(tmp_path):
     """gpu_check.sh starts two test runs on a fresh clone, and each prepares the data:
     the second writer starts and finishes while the first is half-way through its
     file. Both succeed, the file is whole, no temporary file is left."""
@@ -977,7 +841,7 @@ def test_two_processes_writing_the_same_dataset_file_both_succeed(tmp_path):
     assert path.read_bytes() == b"to be or not" and os.listdir(tmp_path) == ["train.bin"]
 
 
-def test_batches_are_windows_of_the_data_and_their_next_tokens():
+def test_prepare_batches_are_windows_of_the_data_and_their_next_tokens():
     data = np.arange(1000, dtype=np.uint16)  # token i at offset i: a window is a run of consecutive numbers
     x, y = get_batch(data, 64, 16, torch.Generator().manual_seed(0))
     assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (64, 16)
@@ -987,185 +851,21 @@ def test_batches_are_windows_of_the_data_and_their_next_tokens():
     assert torch.equal(rank1, x[32:]), "a DDP rank's slice is its share of the same drawn batch"
 
 
-# --- train.py end to end ----------------------------------------------------------------
-
-@pytest.mark.parametrize("name", list(TOPOLOGIES))
-def test_every_topology_trains(name, tmp_path):
-    train_here(f"--residual={name}", "--max_iters=50", "--eval_interval=25", f"--out_dir={tmp_path}", *TINY)
-    rows = metrics(tmp_path)
-    assert [r["iter"] for r in rows] == [0, 25, 50]
-    losses = [r["val_loss"] for r in rows]
-    assert all(math.isfinite(v) for v in losses)
-    assert losses[0] > losses[1] > losses[2], f"{name}: val loss did not decrease: {losses}"
-    assert abs(losses[0] - math.log(65)) < 0.3  # the untrained model is near uniform over 65 characters
-    gated = name in GATED
-    for row in rows:  # every evaluation reports the composite gain, and the gates where there are some
-        assert math.isfinite(row["gain_forward"]) and math.isfinite(row["gain_backward"])
-        assert ("gate_mean" in row) == gated and ("gate_reset_fraction" in row) == gated
-        assert not gated or len(row["gate_mean"]) == 2 * 2  # one per sublayer of the 2 layers
-
-
-@slow
-def test_resume_matches_uninterrupted_run(tmp_path):
-    common = ["--residual=mhc", "--eval_interval=20", "--lr_decay_iters=40", "--always_save_checkpoint=True", *TINY]
-    train_here("--max_iters=40", f"--out_dir={tmp_path / 'straight'}", *common)  # the reference; the legs: processes
-    run("train.py", "--max_iters=20", f"--out_dir={tmp_path / 'resumed'}", *common)
-    ckpt = torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=True)
-    assert ckpt["iter_num"] == 20
-    run("train.py", "--max_iters=40", "--init_from=resume", f"--out_dir={tmp_path / 'resumed'}", *common)
-    straight, resumed = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
-    assert [r["iter"] for r in resumed] == [0, 20, 40]
-    for key in ("train_loss", "val_loss"):
-        assert abs(straight[-1][key] - resumed[-1][key]) < 1e-4, f"{key} at 40: {straight[-1]} vs {resumed[-1]}"
-
-    straight_progress, resumed_progress = metrics(tmp_path / "straight", "grad_norm"), metrics(tmp_path / "resumed", "grad_norm")
-    assert [r["iter"] for r in resumed_progress] == [r["iter"] for r in straight_progress] == [10, 20, 30, 40]
-    assert all(abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 for a, b in zip(straight_progress, resumed_progress))
-
-
-@pytest.mark.parametrize("grad_clip", [0.5, 0.0])
-def test_progress_rows_hold_the_gradient_norm_before_clipping(grad_clip, tmp_path):
-    """Iteration 0's gradient norm, recomputed here from the same seed and batch."""
-    train_here("--residual=norm_gated_ihc", "--max_iters=3", "--eval_interval=3", "--log_interval=1",
-        f"--grad_clip={grad_clip}", f"--out_dir={tmp_path}", *TINY)
-    rows = metrics(tmp_path, "grad_norm")
-    assert [r["iter"] for r in rows] == [1, 2, 3]
-    settings = dict(arg[2:].split("=") for arg in TINY)
-    torch.manual_seed(1337)  # train.py's default seed, set before the model is built
-    model = GPT(tiny_config("norm_gated_ihc", block_size=32))
-    data = np.memmap(os.path.join(DATA_DIR, "shakespeare_char", "train.bin"), dtype=np.uint16, mode="r")
-    x, y = get_batch(data, int(settings["batch_size"]), int(settings["block_size"]), torch.Generator().manual_seed(1337))
-    model(x, y)[1].backward()
-    norm = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).norm().item()
-    assert norm > 0.5, "the test needs a norm that clipping to 0.5 would change"
-    assert abs(rows[0]["grad_norm"] - norm) < 1e-4 * norm, (rows[0], norm)
-    assert rows[0]["grad_norm_max"] == rows[0]["grad_norm"] and all(math.isfinite(r["loss"]) for r in rows)
-
-
-def test_metrics_rows_summarise_their_interval(tmp_path):
-    """The same run logged every iteration and every 2 (an evaluation at 3, inside a
-    pair): a progress row holds its last iteration's loss and gradient norm, the
-    largest gradient norm and the mean gate gradient norm of its iterations, and the
-    rate of its last step (warmup: the step at it - 1 ran at it / 11 of the peak);
-    nothing else. An evaluation row holds the rate it is at, and the training speed
-    (0 before any training) and time so far."""
-    for every in (1, 2):
-        train_here("--residual=gated_ihc", "--max_iters=6", "--eval_interval=3", f"--log_interval={every}",
-                   f"--out_dir={tmp_path / str(every)}", *TINY)
-    ones, twos = metrics(tmp_path / "1", "grad_norm"), metrics(tmp_path / "2", "grad_norm")
-    assert [r["iter"] for r in ones] == [1, 2, 3, 4, 5, 6] and [r["iter"] for r in twos] == [2, 4, 6]
-    for row in twos:
-        pair = ones[row["iter"] - 2:row["iter"]]
-        assert row == dict(iter=row["iter"], loss=pair[1]["loss"], grad_norm=pair[1]["grad_norm"],
-                           grad_norm_max=max(r["grad_norm"] for r in pair), lr=4e-3 * row["iter"] / 11,
-                           gate_grad_norm=(pair[0]["gate_grad_norm"] + pair[1]["gate_grad_norm"]) / 2), row
-    assert any(r["grad_norm_max"] != r["grad_norm"] for r in twos), "a pair whose larger norm is not its last"
-    evaluations = metrics(tmp_path / "2")
-    assert [(r["iter"], r["lr"]) for r in evaluations] == [(0, 4e-3 / 11), (3, 4e-3 * 4 / 11), (6, 4e-3 * 7 / 11)]
-    assert [r["tokens_per_sec"] > 0 for r in evaluations] == [False, True, True]
-    assert 0 < evaluations[0]["elapsed_s"] < evaluations[1]["elapsed_s"] < evaluations[2]["elapsed_s"]
-    assert {"train_loss", "val_loss", "gain_forward", "gate_mean"} <= set(evaluations[0])
-
-
-@pytest.mark.parametrize("progress, stderr_is_a_terminal, bar", [
-    ("auto", False, False), ("auto", True, True), ("bar", False, True), ("lines", True, False)])
-@slow
-def test_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stderr_is_a_terminal, bar, tmp_path):
-    """A bar redraws itself with carriage returns: fine at a terminal, a mess in a
-    log file, which gets one plain line per log_interval. auto picks by whether
-    stderr is a terminal (a pseudo-terminal here); --progress forces either."""
-    command = [sys.executable, "train.py", "--residual=ihc", "--max_iters=10", "--eval_interval=10",
-               "--log_interval=5", f"--out_dir={tmp_path}", *TINY, f"--progress={progress}"]
-    with open(tmp_path / "log", "wb") as log:
-        if stderr_is_a_terminal:
-            terminal, stderr = os.openpty()
-            proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=stderr)
-            os.close(stderr)  # the child holds the only copy: reading ends when it exits
-            chunks = []
-            while True:
-                try:
-                    chunks.append(os.read(terminal, 1 << 16))
-                except OSError:  # EIO: the child has exited
-                    break
-            os.close(terminal)
-            assert proc.wait(timeout=600) == 0, b"".join(chunks)[-3000:]
-            at_terminal = b"".join(chunks)
-        else:
-            subprocess.run(command, cwd=ROOT, stdout=log, stderr=log, check=True, timeout=600)
-    logged = (tmp_path / "log").read_bytes()  # bytes: text mode would turn \r into \n
-    shown = at_terminal if stderr_is_a_terminal else logged
-    assert (b"\r" in shown) == bar, f"--progress={progress}: expected {'a' if bar else 'no'} bar, got {shown[-300:]}"
-    reports = [line.split(b":")[0] for line in logged.splitlines() if b": loss " in line]
-    assert reports == ([] if bar else [b"iter 5", b"iter 10"]), logged[-1000:]
-    assert b"iter 10: train loss" in logged  # evaluations are reported either way
-
-# --- command-line mistakes ------------------------------------------------------------
-
 @pytest.mark.parametrize("args, message", [
-    (["--residual=mHC"], "choose one of: " + ", ".join(RESIDUALS)),
-    (["--residual=hc", "--hc_mix=diagonal"], "unknown key 'hc_mix'; valid keys: "),  # a variant is a name: hc.mix_diagonal
-    (["--residual=ihc", "--sinkhorn_iters=5"], "sinkhorn_iters: 'ihc' does not use it; it applies to mhc"),
-    (["--max_itters=5"], "unknown key 'max_itters'; valid keys: "),
-    (["--max_iters=five"], "--max_iters=five: expected a value of type int"),
-    (["--residual=mhc_lite", "--n_streams=6"], "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
-    (["--residual=residual", "--n_streams=4"], "residual 'residual' needs n_streams exactly 1, got 4"),
-    (["--residual=ihc", "--gate_lr_mult=4"], "gate_lr_mult: 'ihc' has no gates; it applies to gated_ihc, "),
-    (["--learning_rate=1e999"], "--learning_rate=inf: must be a finite number"),  # inside x > 0, but not a rate
+    (["--dataset=wikipedia"], "unknown dataset 'wikipedia'"),
+    (["--input=no_such_file.txt"], "input file 'no_such_file.txt' not found"),
+    (["--tokenizer=bpe", "--input=data/shakespeare/input.txt"], "unknown tokenizer 'bpe'"),
 ])
-def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
-    status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
-    assert status == 2 and message in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1
-    assert not os.listdir(tmp_path), "a rejected run must not write anything"
+def test_prepare_rejects_mistakes_in_one_line(args, message):
+    status, _, stderr = run_in_this_process("prepare.py", *args)
+    assert_one_line_error(status, stderr, message)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--dataset=shakespear"], "no data for dataset 'shakespear'"),
-    (["--block_size=200000"], "block_size 200000 is not shorter than the validation split (111540 tokens)"),
-    (["--device=tpu"], "unknown device 'tpu'"),
-    (["--init_from=resumed"], "unknown init_from 'resumed'; choose one of: scratch, resume"),
-    (["--init_from=resume"], "--init_from=resume: no checkpoint at"),
-])
-def test_train_rejects_bad_data_and_system_settings(args, message, tmp_path):
-    status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
-    assert status == 2 and message in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1
+#===================================================================================================
+# configurator.py: files then flags as nanoGPT, one-line mistakes, every numeric setting's range
+#===================================================================================================
 
-
-@pytest.mark.parametrize("asked, gpus, rank, chosen", [
-    ("cuda", 1, 0, "cuda:0"),  # torch.cuda.set_device refuses a bare "cuda" (seen on the first GPU run)
-    ("cuda", 2, 1, "cuda:1"),  # torchrun's second process
-    ("auto", 2, 1, "cuda:1"),
-    ("cuda:1", 2, 0, "cuda:1"),
-])
-def test_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
-
-
-@pytest.mark.parametrize("asked, gpus, message", [
-    ("cuda:2", 2, "device 'cuda:2': torch sees 2 CUDA GPU(s); use cuda, auto or cuda:0 to cuda:1"),
-    ("cuda:x", 1, "device 'cuda:x': torch sees 1 CUDA GPU(s)"),
-    ("cuda", 0, "device 'cuda:0' asked for, but torch sees no CUDA GPU"),
-    ("cudax", 1, "unknown device 'cudax'"),
-])
-def test_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    with pytest.raises(ValueError, match=re.escape(message)):
-        choose_device(asked, "float32")
-
-
-def test_train_checks_out_dir_before_training(tmp_path):
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a folder")
-    status, out, err = run_in_this_process("train.py", f"--out_dir={blocker / 'run'}", "--max_iters=1000000")
-    assert status == 2 and "is not writable" in err and "iter 0" not in out, "checked before any training"
-
-
-def test_configure_applies_files_then_flags_as_nanogpt(tmp_path):
+def test_configurator_configure_applies_files_then_flags_as_nanogpt(tmp_path):
     """A config file of plain assignments (its imports and _helpers are not
     settings), then --key=value as a Python literal of the default's type (an int
     is taken for a float; a text setting takes the text as typed); the keys set."""
@@ -1187,13 +887,13 @@ def test_configure_applies_files_then_flags_as_nanogpt(tmp_path):
     (["no_such_file.py"], "cannot read config file 'no_such_file.py': No such file or directory"),
     (["PRESET"], "sets unknown key 'n_layers'; valid keys: n_layer, compile"),
 ])
-def test_configure_mistakes_are_one_line_errors(argv, message, tmp_path, capsys):
+def test_configurator_configure_mistakes_are_one_line_errors(argv, message, tmp_path, capsys):
     preset = tmp_path / "preset.py"
     preset.write_text("n_layers = 6\n")
     with pytest.raises(SystemExit) as stopped:
         configurator.configure(dict(n_layer=4, compile=False), [str(preset) if a == "PRESET" else a for a in argv])
     err = capsys.readouterr().err
-    assert stopped.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert_one_line_error(stopped.value.code, err, message)
 
 
 class Checked(Exception):
@@ -1231,26 +931,8 @@ def beside_the_ends(rule, settings, key):
     return [v for v in near if v not in inside], inside
 
 
-@pytest.mark.parametrize("args, rates", [((), (4e-3, 4e-4)), (("--learning_rate=1e-4",), (1e-4, 1e-5)),
-                                         (("--learning_rate=1e-4", "--min_lr=0"), (1e-4, 0)),
-                                         ((os.path.join("config", "train_shakespeare_char_cpu.py"),), (1e-3, 1e-4))])
-def test_min_lr_follows_the_learning_rate_unless_set(args, rates, monkeypatch):
-    """train.py's CPU rate is 4e-3 with min_lr a tenth of it; a rate set alone keeps
-    that ratio (a lower one is not a range error against a default min_lr), a min_lr
-    set is kept, and nanoGPT's recipe is one file away, its 1e-3 included."""
-    def capture(config, ranges):
-        seen.update(learning_rate=config["learning_rate"], min_lr=config["min_lr"])
-        raise Checked
-
-    seen = {}
-    monkeypatch.setattr(configurator, "check_ranges", capture)
-    with pytest.raises(Checked):
-        run_in_this_process("train.py", "--device=cpu", *args)
-    assert (seen["learning_rate"], seen["min_lr"]) == pytest.approx(rates), seen
-
-
 @pytest.mark.parametrize("script", RANGED)
-def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monkeypatch):
+def test_configurator_every_numeric_setting_has_a_range_checked_before_any_work(script, monkeypatch):
     """Walks the script's own RANGES: every numeric setting has an entry (a new one
     without a range fails here), and each is checked at both ends, in the script:
     just outside is a one-line error naming it (exit 2, before any work), just
@@ -1269,51 +951,199 @@ def test_every_numeric_setting_has_a_range_checked_before_any_work(script, monke
         assert outside and inside, f"{script}: {key}'s range {text} has no finite end"
         for value in outside:
             status, _, stderr = run_in_this_process(script, f"--{key}={value!r}")
-            assert status == 2 and stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
-            assert len(stderr.strip().splitlines()) == 1, stderr
+            assert_one_line_error(status, stderr, f"error: --{key}={value}: must be ")
+            assert stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
         for value in inside:
             with monkeypatch.context() as patch, pytest.raises(Checked):
                 patch.setattr(configurator, "check_ranges", check_then_stop)
                 run_in_this_process(script, f"--{key}={value!r}")
 
 
-@pytest.mark.parametrize("script, args, message", [
-    ("prepare.py", ["--dataset=wikipedia"], "unknown dataset 'wikipedia'"),
-    ("prepare.py", ["--input=no_such_file.txt"], "input file 'no_such_file.txt' not found"),
-    ("prepare.py", ["--tokenizer=bpe", "--input=data/shakespeare/input.txt"], "unknown tokenizer 'bpe'"),
-    ("sample.py", ["--temprature=0.5"], "unknown key 'temprature'; valid keys: out_dir, start"),
-    ("sample.py", ["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
-    ("sample.py", ["--device=tpu"], "unknown device 'tpu'; choose auto, cpu, cuda, cuda:N or mps"),
-])
-def test_scripts_reject_mistakes_in_one_line(script, args, message):
-    status, _, stderr = run_in_this_process(script, *args)
-    assert status == 2 and message in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1
+#===================================================================================================
+# train.py: training end to end, its metrics and progress, its settings and mistakes
+#===================================================================================================
+
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+def test_train_every_topology_trains(name, tmp_path):
+    train_here(f"--residual={name}", "--max_iters=50", "--eval_interval=25", f"--out_dir={tmp_path}", *TINY)
+    rows = metrics(tmp_path)
+    assert [r["iter"] for r in rows] == [0, 25, 50]
+    losses = [r["val_loss"] for r in rows]
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[0] > losses[1] > losses[2], f"{name}: val loss did not decrease: {losses}"
+    assert abs(losses[0] - math.log(65)) < 0.3  # the untrained model is near uniform over 65 characters
+    gated = name in GATED
+    for row in rows:  # every evaluation reports the composite gain, and the gates where there are some
+        assert math.isfinite(row["gain_forward"]) and math.isfinite(row["gain_backward"])
+        assert ("gate_mean" in row) == gated and ("gate_reset_fraction" in row) == gated
+        assert not gated or len(row["gate_mean"]) == 2 * 2  # one per sublayer of the 2 layers
 
 
 @slow
-def test_compile_blocks_compiles_one_block_for_every_layer(tmp_path):
-    """--compile=True compiles each Block's code once: 2 and 4 layers trace the same
-    graphs with the same ops (the whole model compiled would trace every layer's); it
-    trains as eager does, to float rounding, and saves the same state dict names."""
-    import torch._dynamo
-    graphs, losses = {}, {}
-    for n_layer, compile in ((2, True), (4, True), (2, False)):
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
-        out = tmp_path / f"{n_layer}-{compile}"
-        train_here("--residual=hc", "--max_iters=6", "--eval_interval=6", f"--compile={compile}", f"--out_dir={out}",
-                   *TINY, f"--n_layer={n_layer}")
-        stats = torch._dynamo.utils.counters["stats"]
-        graphs[n_layer, compile] = (stats["unique_graphs"], stats["calls_captured"])
-        losses[n_layer, compile] = metrics(out)[-1]["val_loss"]
-    assert graphs[2, True] == graphs[4, True] and graphs[2, True][0] > 0 and graphs[2, False] == (0, 0), graphs
-    assert abs(losses[2, True] - losses[2, False]) < 1e-4, losses
-    saved = lambda key: set(torch.load(tmp_path / key / "ckpt.pt", weights_only=True)["model"])
-    assert saved("2-True") == saved("2-False")
+def test_train_resume_matches_uninterrupted_run(tmp_path):
+    common = ["--residual=mhc", "--eval_interval=20", "--lr_decay_iters=40", "--always_save_checkpoint=True", *TINY]
+    train_here("--max_iters=40", f"--out_dir={tmp_path / 'straight'}", *common)  # the reference; the legs: processes
+    run("train.py", "--max_iters=20", f"--out_dir={tmp_path / 'resumed'}", *common)
+    ckpt = torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=True)
+    assert ckpt["iter_num"] == 20
+    run("train.py", "--max_iters=40", "--init_from=resume", f"--out_dir={tmp_path / 'resumed'}", *common)
+    straight, resumed = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
+    assert [r["iter"] for r in resumed] == [0, 20, 40]
+    for key in ("train_loss", "val_loss"):
+        assert abs(straight[-1][key] - resumed[-1][key]) < 1e-4, f"{key} at 40: {straight[-1]} vs {resumed[-1]}"
+
+    straight_progress, resumed_progress = metrics(tmp_path / "straight", "grad_norm"), metrics(tmp_path / "resumed", "grad_norm")
+    assert [r["iter"] for r in resumed_progress] == [r["iter"] for r in straight_progress] == [10, 20, 30, 40]
+    assert all(abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 for a, b in zip(straight_progress, resumed_progress))
 
 
-# --- interruption, corruption, divergence, multi-process ---------------------------------
+@pytest.mark.parametrize("grad_clip", [0.5, 0.0])
+def test_train_progress_rows_hold_the_gradient_norm_before_clipping(grad_clip, tmp_path):
+    """Iteration 0's gradient norm, recomputed here from the same seed and batch."""
+    train_here("--residual=norm_gated_ihc", "--max_iters=3", "--eval_interval=3", "--log_interval=1",
+        f"--grad_clip={grad_clip}", f"--out_dir={tmp_path}", *TINY)
+    rows = metrics(tmp_path, "grad_norm")
+    assert [r["iter"] for r in rows] == [1, 2, 3]
+    settings = dict(arg[2:].split("=") for arg in TINY)
+    torch.manual_seed(1337)  # train.py's default seed, set before the model is built
+    model = GPT(tiny_config("norm_gated_ihc", block_size=32))
+    data = np.memmap(os.path.join(DATA_DIR, "shakespeare_char", "train.bin"), dtype=np.uint16, mode="r")
+    x, y = get_batch(data, int(settings["batch_size"]), int(settings["block_size"]), torch.Generator().manual_seed(1337))
+    model(x, y)[1].backward()
+    norm = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).norm().item()
+    assert norm > 0.5, "the test needs a norm that clipping to 0.5 would change"
+    assert abs(rows[0]["grad_norm"] - norm) < 1e-4 * norm, (rows[0], norm)
+    assert rows[0]["grad_norm_max"] == rows[0]["grad_norm"] and all(math.isfinite(r["loss"]) for r in rows)
+
+
+def test_train_metrics_rows_summarise_their_interval(tmp_path):
+    """The same run logged every iteration and every 2 (an evaluation at 3, inside a
+    pair): a progress row holds its last iteration's loss and gradient norm, the
+    largest gradient norm and the mean gate gradient norm of its iterations, and the
+    rate of its last step (warmup: the step at it - 1 ran at it / 11 of the peak);
+    nothing else. An evaluation row holds the rate it is at, and the training speed
+    (0 before any training) and time so far."""
+    for every in (1, 2):
+        train_here("--residual=gated_ihc", "--max_iters=6", "--eval_interval=3", f"--log_interval={every}",
+                   f"--out_dir={tmp_path / str(every)}", *TINY)
+    ones, twos = metrics(tmp_path / "1", "grad_norm"), metrics(tmp_path / "2", "grad_norm")
+    assert [r["iter"] for r in ones] == [1, 2, 3, 4, 5, 6] and [r["iter"] for r in twos] == [2, 4, 6]
+    for row in twos:
+        pair = ones[row["iter"] - 2:row["iter"]]
+        assert row == dict(iter=row["iter"], loss=pair[1]["loss"], grad_norm=pair[1]["grad_norm"],
+                           grad_norm_max=max(r["grad_norm"] for r in pair), lr=4e-3 * row["iter"] / 11,
+                           gate_grad_norm=(pair[0]["gate_grad_norm"] + pair[1]["gate_grad_norm"]) / 2), row
+    assert any(r["grad_norm_max"] != r["grad_norm"] for r in twos), "a pair whose larger norm is not its last"
+    evaluations = metrics(tmp_path / "2")
+    assert [(r["iter"], r["lr"]) for r in evaluations] == [(0, 4e-3 / 11), (3, 4e-3 * 4 / 11), (6, 4e-3 * 7 / 11)]
+    assert [r["tokens_per_sec"] > 0 for r in evaluations] == [False, True, True]
+    assert 0 < evaluations[0]["elapsed_s"] < evaluations[1]["elapsed_s"] < evaluations[2]["elapsed_s"]
+    assert {"train_loss", "val_loss", "gain_forward", "gate_mean"} <= set(evaluations[0])
+
+
+def test_train_gate_gradient_norm_is_logged_for_gated_topologies_only(tmp_path):
+    """The gate logits' gradient norm at the first iteration (--log_interval=1). On
+    the equal step-0 streams mean_gated_ihc's MIX = J + g (I - J) gives J h whatever
+    g is: 0 there (to float32 rounding, ~1e-11), while the global norm is ~1. gated_ihc's diag(g) h
+    does depend on g: above 0, and below the global norm it is part of. No gates,
+    no column."""
+    for name in ("mean_gated_ihc", "gated_ihc", "ihc"):
+        train_here(f"--residual={name}", "--max_iters=1", "--eval_interval=1", "--log_interval=1",
+                   f"--out_dir={tmp_path / name}", *TINY)
+    (mean_gated,), (gated,) = (metrics(tmp_path / name, "grad_norm") for name in ("mean_gated_ihc", "gated_ihc"))
+    assert mean_gated["gate_grad_norm"] < 1e-6 * mean_gated["grad_norm"], mean_gated
+    assert 0 < gated["gate_grad_norm"] < gated["grad_norm"], gated
+    assert "gate_grad_norm" not in metrics(tmp_path / "ihc", "grad_norm")[0]
+
+
+@pytest.mark.parametrize("progress, stderr_is_a_terminal, bar", [
+    ("auto", False, False), ("auto", True, True), ("bar", False, True), ("lines", True, False)])
+@slow
+def test_train_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress, stderr_is_a_terminal, bar, tmp_path):
+    """A bar redraws itself with carriage returns: fine at a terminal, a mess in a
+    log file, which gets one plain line per log_interval. auto picks by whether
+    stderr is a terminal (a pseudo-terminal here); --progress forces either."""
+    command = [sys.executable, "train.py", "--residual=ihc", "--max_iters=10", "--eval_interval=10",
+               "--log_interval=5", f"--out_dir={tmp_path}", *TINY, f"--progress={progress}"]
+    with open(tmp_path / "log", "wb") as log:
+        if stderr_is_a_terminal:
+            terminal, stderr = os.openpty()
+            proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=stderr)
+            os.close(stderr)  # the child holds the only copy: reading ends when it exits
+            chunks = []
+            while True:
+                try:
+                    chunks.append(os.read(terminal, 1 << 16))
+                except OSError:  # EIO: the child has exited
+                    break
+            os.close(terminal)
+            assert proc.wait(timeout=600) == 0, b"".join(chunks)[-3000:]
+            at_terminal = b"".join(chunks)
+        else:
+            subprocess.run(command, cwd=ROOT, stdout=log, stderr=log, check=True, timeout=600)
+    logged = (tmp_path / "log").read_bytes()  # bytes: text mode would turn \r into \n
+    shown = at_terminal if stderr_is_a_terminal else logged
+    assert (b"\r" in shown) == bar, f"--progress={progress}: expected {'a' if bar else 'no'} bar, got {shown[-300:]}"
+    reports = [line.split(b":")[0] for line in logged.splitlines() if b": loss " in line]
+    assert reports == ([] if bar else [b"iter 5", b"iter 10"]), logged[-1000:]
+    assert b"iter 10: train loss" in logged  # evaluations are reported either way
+
+
+@pytest.mark.parametrize("args, rates", [((), (4e-3, 4e-4)), (("--learning_rate=1e-4",), (1e-4, 1e-5)),
+                                         (("--learning_rate=1e-4", "--min_lr=0"), (1e-4, 0)),
+                                         ((os.path.join("config", "train_shakespeare_char_cpu.py"),), (1e-3, 1e-4))])
+def test_train_min_lr_follows_the_learning_rate_unless_set(args, rates, monkeypatch):
+    """train.py's CPU rate is 4e-3 with min_lr a tenth of it; a rate set alone keeps
+    that ratio (a lower one is not a range error against a default min_lr), a min_lr
+    set is kept, and nanoGPT's recipe is one file away, its 1e-3 included."""
+    def capture(config, ranges):
+        seen.update(learning_rate=config["learning_rate"], min_lr=config["min_lr"])
+        raise Checked
+
+    seen = {}
+    monkeypatch.setattr(configurator, "check_ranges", capture)
+    with pytest.raises(Checked):
+        run_in_this_process("train.py", "--device=cpu", *args)
+    assert (seen["learning_rate"], seen["min_lr"]) == pytest.approx(rates), seen
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--residual=mHC"], "choose one of: " + ", ".join(RESIDUALS)),
+    (["--residual=hc", "--hc_mix=diagonal"], "unknown key 'hc_mix'; valid keys: "),  # a variant is a name: hc.mix_diagonal
+    (["--residual=ihc", "--sinkhorn_iters=5"], "sinkhorn_iters: 'ihc' does not use it; it applies to mhc"),
+    (["--max_itters=5"], "unknown key 'max_itters'; valid keys: "),
+    (["--max_iters=five"], "--max_iters=five: expected a value of type int"),
+    (["--residual=mhc_lite", "--n_streams=6"], "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
+    (["--residual=residual", "--n_streams=4"], "residual 'residual' needs n_streams exactly 1, got 4"),
+    (["--residual=ihc", "--gate_lr_mult=4"], "gate_lr_mult: 'ihc' has no gates; it applies to gated_ihc, "),
+    (["--learning_rate=1e999"], "--learning_rate=inf: must be a finite number"),  # inside x > 0, but not a rate
+])
+def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
+    status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
+    assert_one_line_error(status, stderr, message)
+    assert not os.listdir(tmp_path), "a rejected run must not write anything"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset=shakespear"], "no data for dataset 'shakespear'"),
+    (["--block_size=200000"], "block_size 200000 is not shorter than the validation split (111540 tokens)"),
+    (["--device=tpu"], "unknown device 'tpu'"),
+    (["--init_from=resumed"], "unknown init_from 'resumed'; choose one of: scratch, resume"),
+    (["--init_from=resume"], "--init_from=resume: no checkpoint at"),
+])
+def test_train_rejects_bad_data_and_system_settings(args, message, tmp_path):
+    status, _, stderr = run_in_this_process("train.py", *args, f"--out_dir={tmp_path}")
+    assert_one_line_error(status, stderr, message)
+
+
+def test_train_checks_out_dir_before_training(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    status, out, err = run_in_this_process("train.py", f"--out_dir={blocker / 'run'}", "--max_iters=1000000")
+    assert status == 2 and "is not writable" in err and "iter 0" not in out, "checked before any training"
+
+
+# --- interruption, corruption, divergence, multi-process
 
 def start_training(*args):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -1321,11 +1151,6 @@ def start_training(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-# train.py with an evaluation that cannot finish before a signal: the first one
-# after training began waits in its first batch, and says so, until train.py's
-# signal handler has run; only train.py's abandoning it then keeps its remaining
-# batches from running (they no longer wait). argv[1] "evaluation,save": the
-# checkpoint's write waits for ever too.
 BLOCKED = """
 import runpy, signal, sys, threading
 import torch
@@ -1358,7 +1183,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def start_blocked(blocked, *args):
-    """train.py args, under BLOCKED; returns once the blocked evaluation has begun."""
+    """train.py args, under BLOCKED; returns once the blocked evaluation has begun.
+    BLOCKED runs train.py with an evaluation that cannot finish before a signal: the
+    first one after training began waits in its first batch, and says so, until
+    train.py's signal handler has run; only train.py's abandoning it then keeps its
+    remaining batches from running (they no longer wait). blocked "evaluation,save":
+    the checkpoint's write waits for ever too."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-c", BLOCKED, blocked, "train.py", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -1381,7 +1211,7 @@ def straight_60(tmp_path_factory):
 
 @slow
 @pytest.mark.parametrize("signum, during", [(signal.SIGINT, "training"), (signal.SIGTERM, "evaluation")])
-def test_signal_saves_and_resume_continues_the_same_run(signum, during, straight_60, tmp_path):
+def test_train_signal_saves_and_resume_continues_the_same_run(signum, during, straight_60, tmp_path):
     """Stopped by a signal sent when the run reports iteration 15, or during the
     evaluation at 30 that cannot finish before a signal (BLOCKED), not after a sleep:
     the stopped run is set to go on for a million iterations, so no machine
@@ -1412,7 +1242,7 @@ def test_signal_saves_and_resume_continues_the_same_run(signum, during, straight
 
 
 @slow
-def test_a_second_signal_exits_at_once_without_saving(tmp_path):
+def test_train_a_second_signal_exits_at_once_without_saving(tmp_path):
     """The first signal abandons the blocked evaluation at iteration 1 and its save
     waits for ever (BLOCKED): only the second can end the run, at once, saying so."""
     first, second = signal.SIGTERM, signal.SIGINT
@@ -1428,7 +1258,7 @@ def test_a_second_signal_exits_at_once_without_saving(tmp_path):
 
 
 @slow
-def test_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path):
+def test_train_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path):
     """A model big enough that writing its checkpoint takes a while (a save at
     every iteration), killed as soon as a save has begun to touch the files (its
     temporary file appears, or ckpt.pt itself changes), whatever the machine's
@@ -1462,7 +1292,7 @@ def test_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp_path)
     assert mid_write > 0, "no kill landed while a checkpoint was being written: the test checked nothing"
 
 
-def test_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
+def test_train_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
     common = ["--residual=norm_gated_ihc", "--eval_interval=10", "--max_iters=10", f"--out_dir={tmp_path}", *TINY]
     train_here(*common)
     before = (tmp_path / "ckpt.pt").read_bytes()
@@ -1478,7 +1308,7 @@ def test_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
 
 
 @slow
-def test_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
+def test_train_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
     common = ["--residual=mhc", "--max_iters=10", "--eval_interval=10", "--warmup_iters=2", *TINY[:4], *TINY[5:]]
     train_here("--batch_size=12", f"--out_dir={tmp_path / 'one'}", *common)
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -1491,29 +1321,9 @@ def test_two_processes_half_batch_equal_one_process_full_batch(tmp_path):
         assert abs(one[key] - two[key]) < 1e-4, f"{key}: {one[key]} vs {two[key]}"
 
 
-@slow
-@needs_triton
-@pytest.mark.parametrize("name", ["mhc", "norm_gated_ihc"])
-def test_training_with_triton_kernels_matches_fused(name, tmp_path):
-    """A few iterations through the Triton kernels (in the interpreter) give the
-    losses of the fused path."""
-    common = [f"--residual={name}", "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--batch_size=2",
-              "--block_size=16", "--n_layer=1", "--n_head=2", "--n_embd=32", "--device=cpu", "--progress=False",
-              "--warmup_iters=1"]  # one layer: both sublayers, half the interpreter's time
-    train_here("--kernels=fused", f"--out_dir={tmp_path / 'fused'}", *common)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "train.py", "--kernels=triton", f"--out_dir={tmp_path / 'triton'}",
-                             *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for a, b in zip(metrics(tmp_path / "fused"), metrics(tmp_path / "triton"), strict=True):
-        for key in ("train_loss", "val_loss"):
-            assert abs(a[key] - b[key]) < 1e-4, f"iter {a['iter']} {key}: fused {a[key]} vs triton {b[key]}"
-
-
-
-# =============================================================================
-# sample.py
-# =============================================================================
+#===================================================================================================
+# sample.py: text from a checkpoint; the checkpoints and inputs it refuses
+#===================================================================================================
 
 @slow
 def test_sample_prints_text_from_the_vocabulary(trained):
@@ -1537,7 +1347,7 @@ def test_sample_names_characters_outside_the_vocabulary(trained):
     assert status == 2 and "'ï☃'" in stderr, stderr
 
 
-def test_checkpoints_with_settings_this_model_lacks_are_one_line_errors(trained, tmp_path):
+def test_sample_checkpoints_with_settings_this_model_lacks_are_one_line_errors(trained, tmp_path):
     """A checkpoint from before the study variants became names holds settings such
     as hc_mix among its model_args: sample.py names them, in one line, not a TypeError."""
     checkpoint = torch.load(trained / "ckpt.pt", weights_only=True)
@@ -1545,14 +1355,22 @@ def test_checkpoints_with_settings_this_model_lacks_are_one_line_errors(trained,
     (tmp_path / "old").mkdir()
     torch.save(checkpoint, tmp_path / "old" / "ckpt.pt")
     status, _, stderr = run_in_this_process("sample.py", f"--out_dir={tmp_path / 'old'}", "--device=cpu")
-    assert status == 2 and "names settings this model does not have (gate, hc_mix)" in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1
+    assert_one_line_error(status, stderr, "names settings this model does not have (gate, hc_mix)")
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--temprature=0.5"], "unknown key 'temprature'; valid keys: out_dir, start"),
+    (["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
+    (["--device=tpu"], "unknown device 'tpu'; choose auto, cpu, cuda, cuda:N or mps"),
+])
+def test_sample_rejects_mistakes_in_one_line(args, message):
+    status, _, stderr = run_in_this_process("sample.py", *args)
+    assert_one_line_error(status, stderr, message)
 
-# =============================================================================
-# theory.py: seed 000's theorems, in float64
-# =============================================================================
+
+#===================================================================================================
+# theory.py: seed 000's theorems and its counterexample, in float64
+#===================================================================================================
 
 KINDS = ["averaging", "doubly_stochastic", "low_rank", "nilpotent", "conjugated_nilpotent",
          "permuted", "zero", "full_rank", "mixture"]
@@ -1614,11 +1432,11 @@ def check_same_outputs(net, simulation, gen, tol=1e-9, d=3):
     assert theory.relative_error(theory.forward(simulation, x), theory.forward(net, x)) < tol
 
 
-# Theorem 1 -----------------------------------------------------------------
+# --- theorem 1: full-rank mixing is a change of basis
 
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("kind", ["full_rank", "doubly_stochastic", "permutation"])
-def test_theorem1_full_rank_mhc_is_an_ihc_gauge(n, kind):
+def test_theory_theorem1_full_rank_mhc_is_an_ihc_gauge(n, kind):
     gen = torch.Generator().manual_seed(n)
     for _ in range(5):
         if kind == "full_rank":
@@ -1633,9 +1451,9 @@ def test_theorem1_full_rank_mhc_is_an_ihc_gauge(n, kind):
         check_same_outputs(mhc, ihc, gen)
 
 
-# The counterexample --------------------------------------------------------
+# --- the counterexample: what a reset computes and a pure iHC cannot
 
-def test_counterexample_mhc_computes_phi_of_phi_exactly():
+def test_theory_counterexample_mhc_computes_phi_of_phi_exactly():
     gen = torch.Generator().manual_seed(0)
     x = 4 * torch.rand(1000, 2, 1, generator=gen, dtype=DT) - 2
     out = theory.forward(theory.counterexample_mhc(), x)[:, 0, 0]
@@ -1646,7 +1464,7 @@ def test_counterexample_mhc_computes_phi_of_phi_exactly():
     assert ((out - target).abs() <= 1e-12 * target.abs().clamp(min=1)).all()
 
 
-def test_counterexample_is_a_gated_ihc_that_resets():
+def test_theory_counterexample_is_a_gated_ihc_that_resets():
     gen = torch.Generator().manual_seed(0)
     mhc = theory.counterexample_mhc()
     gated = theory.mhc_to_gated_ihc(mhc)
@@ -1655,7 +1473,7 @@ def test_counterexample_is_a_gated_ihc_that_resets():
     assert theory.relative_error(theory.forward(gated, x), theory.forward(mhc, x)) < 1e-12
 
 
-def test_pure_ihc_misses_where_the_same_fit_with_a_reset_succeeds():
+def test_theory_pure_ihc_misses_where_the_same_fit_with_a_reset_succeeds():
     """Section 4: a pure iHC of the counterexample's shape cannot compute it; the
     same network with a learned mixer in its first carry can (M = J). Same seed,
     budget and starts: the reset fit gets 10x closer than the pure one gets at all.
@@ -1665,11 +1483,11 @@ def test_pure_ihc_misses_where_the_same_fit_with_a_reset_succeeds():
     assert pure > 0.1 > 10 * with_reset, (pure, with_reset)
 
 
-# Theorem 2 -----------------------------------------------------------------
+# --- theorem 2: the chain normal form; gates reproduce rank-deficient mixing
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("kind", KINDS)
-def test_chain_normal_form(kind, n):
+def test_theory_chain_normal_form(kind, n):
     gen = torch.Generator().manual_seed(100 * n + KINDS.index(kind))
     worst_cond = 0.0
     for _ in range(12):
@@ -1688,7 +1506,7 @@ def test_chain_normal_form(kind, n):
 
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("kind", ["averaging", "doubly_stochastic", "mixture"])
-def test_theorem2_gated_ihc_reproduces_rank_deficient_mhc(kind, n):
+def test_theory_theorem2_gated_ihc_reproduces_rank_deficient_mhc(kind, n):
     gen = torch.Generator().manual_seed(n)
     for _ in range(5):
         if kind == "doubly_stochastic":  # strictly rank deficient, unlike random_mixer's
@@ -1702,10 +1520,10 @@ def test_theorem2_gated_ihc_reproduces_rank_deficient_mhc(kind, n):
         check_same_outputs(mhc, gated, gen)
 
 
-# Theorem 3 -----------------------------------------------------------------
+# --- theorem 3: norm-gates reproduce mHC
 
 @pytest.mark.parametrize("scalars", ["rms", "random"])
-def test_theorem3_norm_gated_ihc_reproduces_mhc(scalars):
+def test_theory_theorem3_norm_gated_ihc_reproduces_mhc(scalars):
     gen = torch.Generator().manual_seed(3)
     n, L = 4, 8
     for _ in range(5):
@@ -1721,11 +1539,11 @@ def test_theorem3_norm_gated_ihc_reproduces_mhc(scalars):
         check_same_outputs(mhc, theory.mhc_to_norm_gated_ihc(mhc, c), gen)
 
 
-# =============================================================================
-# fused.py and kernels.py: every fast op against residuals.py, through the switch
-# =============================================================================
+#===================================================================================================
+# fused.py: every fast op against residuals.py (kernels.py's too: each test runs both)
+#===================================================================================================
 
-# --- stream_read and stream_write ------------------------------------------------------
+# --- stream_read and stream_write
 
 STREAMS = pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 MIXES = pytest.mark.parametrize("mix", [None, "diagonal", "full"], ids=["identity", "diagonal", "full"])
@@ -1733,7 +1551,7 @@ MIXES = pytest.mark.parametrize("mix", [None, "diagonal", "full"], ids=["identit
 
 @FAST
 @STREAMS
-def test_stream_read(n, impl, dtype, tol):
+def test_fused_stream_read(n, impl, dtype, tol):
     inputs = stream_inputs(n, dtype=dtype)
     out, = check_against_reference(impl, "stream_read", dict(h=inputs["h"], pre=inputs["post"]), tol)
     assert out.dtype == dtype
@@ -1742,14 +1560,14 @@ def test_stream_read(n, impl, dtype, tol):
 @FAST
 @STREAMS
 @MIXES
-def test_stream_write(n, mix, impl, dtype, tol):
+def test_fused_stream_write(n, mix, impl, dtype, tol):
     out, = check_against_reference(impl, "stream_write", stream_inputs(n, mix, dtype=dtype), tol)
     assert out.dtype == dtype
 
 
 @IMPLS
 @MIXES
-def test_stream_ops_model_dtypes(mix, impl):
+def test_fused_stream_ops_model_dtypes(mix, impl):
     """Under bf16 autocast the model's state h and coefficients are float32 and the
     sublayer output y is bf16: the output stays float32 and each gradient comes
     back in its input's dtype (checked inside). post * y is rounded to bf16."""
@@ -1759,7 +1577,7 @@ def test_stream_ops_model_dtypes(mix, impl):
 
 @IMPLS
 @MIXES
-def test_stream_ops_expanded_state(mix, impl):
+def test_fused_stream_ops_expanded_state(mix, impl):
     """At the first layer h is the embedding expand()ed to n equal streams, a stride-0
     view: both ops must read it, and sum the gradients of the n views into it."""
     inputs = stream_inputs(1, dtype=torch.float32, width=60)
@@ -1773,7 +1591,7 @@ def test_stream_ops_expanded_state(mix, impl):
 
 @IMPLS
 @pytest.mark.parametrize("n", [3, 8])
-def test_stream_ops_several_channel_blocks(impl, n):
+def test_fused_stream_ops_several_channel_blocks(impl, n):
     """C = 300 spans two of the Triton kernels' channel blocks: the forward's 2D grid
     and the backward's loop over chunks, with a ragged last chunk (n = 8: the
     backward's 64-channel chunks, one token per warp). 5 tokens: the interpreter's
@@ -1797,13 +1615,13 @@ def test_fused_stream_ops_gradcheck(n, mix):
     assert torch.autograd.gradcheck(ops.stream_read, (h, post))
 
 
-# --- rms_projection and dynamic_read (the coefficient maths) -----------------------------
+# --- rms_projection and dynamic_read (the coefficient maths)
 
 @pytest.mark.parametrize("shape", [(B, T, 4 * C), (B, T, 4, C), (5, 1)], ids=["flat", "per-stream", "width-1"])
 @pytest.mark.parametrize("expanded", [False, True], ids=["dense", "expanded"])
-def test_rms_projection(shape, expanded):
+def test_fused_rms_projection(shape, expanded):
     """Only fused.py has its own: kernels.py uses fused.py's (a cuBLAS matmul; see
-    test_triton_dynamic_read_keeps_no_copy_of_the_state)."""
+    test_kernels_triton_dynamic_read_keeps_no_copy_of_the_state)."""
     assert kernels is None or kernels.rms_projection is stream_ops("fused").rms_projection
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g, dtype=torch.float64)
@@ -1816,7 +1634,7 @@ def test_rms_projection(shape, expanded):
     assert torch.autograd.gradcheck(stream_ops("fused").rms_projection, (small, W.detach().clone().requires_grad_()))
 
 
-def test_rms_projection_tiny_inputs():
+def test_fused_rms_projection_tiny_inputs():
     """rms(x) near 0: eps keeps the output and gradient finite and equal to the reference's."""
     x = 1e-5 * torch.randn(4, 6, dtype=torch.float64)
     check_against_reference("fused", "rms_projection", dict(x=x, W=torch.randn(6, 3, dtype=torch.float64)), 1e-10)
@@ -1834,14 +1652,14 @@ def dynamic_read_inputs(n, K, dtype=torch.float64, seed=0):
 @pytest.mark.parametrize("n,K", [(2, 0), (4, 0), (4, 4), (4, 16), (3, 6)], ids=["ihc2", "ihc", "gated", "mhc", "lite3"])
 @pytest.mark.parametrize("used", [(0, 1, 2), (0,), (0, 1)], ids=["all", "x", "no-res"])
 @cases("fused", "triton")
-def test_dynamic_read(n, K, used, impl, dtype, tol):
+def test_fused_dynamic_read(n, K, used, impl, dtype, tol):
     """The coefficients and the read in one op against residuals.dynamic_read: x, post
     and res, and the gradient of h, W, alpha and bias, whichever outputs the loss uses."""
     inputs, constants = dynamic_read_inputs(n, K, dtype, seed=n + K)
     check_against_reference(impl, "dynamic_read", inputs, tol, constants, used=used)
 
 
-def test_dynamic_read_expanded_state():
+def test_fused_dynamic_read_expanded_state():
     inputs, constants = dynamic_read_inputs(4, 16)
     inputs["h"] = inputs["h"][:, :, :1]
     check_against_reference("fused", "dynamic_read", inputs, 1e-10, constants, expand=dict(h=(B, T, 4, C)))
@@ -1855,7 +1673,7 @@ def test_fused_dynamic_read_gradcheck():
     assert torch.autograd.gradcheck(lambda h, W, alpha, bias: fn(h, W, alpha, constants["groups"], bias), leaves)
 
 
-# --- Sinkhorn: every implementation, in one place ------------------------------------------
+# --- Sinkhorn: every implementation, in one place
 
 def sinkhorn_definition(logits, iters=20, dtype=torch.float64):
     """The definition, literally: exp, then rows, then columns, in float64 (or dtype)."""
@@ -1871,7 +1689,7 @@ ALL_IMPLS = impls("reference", "fused", "triton")
 
 @ALL_IMPLS
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
-def test_sinkhorn_matches_float64_definition(impl, n):
+def test_fused_sinkhorn_matches_float64_definition(impl, n):
     gen = torch.Generator().manual_seed(n)
     for scale in (0.1, 1.0, 5.0):
         logits = scale * torch.randn(256, n, n, generator=gen)
@@ -1883,7 +1701,7 @@ def test_sinkhorn_matches_float64_definition(impl, n):
 
 
 @ALL_IMPLS
-def test_sinkhorn_finite_for_extreme_logits(impl):
+def test_fused_sinkhorn_finite_for_extreme_logits(impl):
     gen = torch.Generator().manual_seed(0)
     naive = sinkhorn_definition(50 * torch.randn(256, 4, 4, generator=gen), dtype=torch.float32)
     assert not torch.isfinite(naive).all()  # why the care: plain float32 exp fails at scale 50
@@ -1904,7 +1722,7 @@ SINKHORN_FAST = cases("fused", "fused-float32", "triton")
 @SINKHORN_FAST
 @pytest.mark.parametrize("iters", [1, 2, 20])
 @pytest.mark.parametrize("scale", [1.0, 5.0, 50.0, 1e4])
-def test_sinkhorn(scale, iters, impl, dtype, tol):
+def test_fused_sinkhorn(scale, iters, impl, dtype, tol):
     """Output and gradient against autograd through the reference's unrolled steps.
     iters 1 and 2 are the ends of the backward's loop (the log-domain step, the first
     division), where an off-by-one would hide. At scale 1e4 the true gradient is
@@ -1917,7 +1735,7 @@ def test_sinkhorn(scale, iters, impl, dtype, tol):
 
 
 @IMPLS
-def test_sinkhorn_bf16_logits(impl):
+def test_fused_sinkhorn_bf16_logits(impl):
     """Logits in bf16: the result is float32, the gradient bf16."""
     logits = (torch.randn(B, T, 4, 4) * 3).bfloat16()
     out, = check_against_reference(impl, "sinkhorn", dict(logits=logits), 1e-2)
@@ -1930,11 +1748,12 @@ def test_fused_sinkhorn_gradcheck(shape):
     assert torch.autograd.gradcheck(lambda x: stream_ops("fused").sinkhorn(x, iters=5), (logits,))
 
 
-# --- kernels.py only ------------------------------------------------------------------------
-
+#===================================================================================================
+# kernels.py: the Triton path's own: no GPU, no copy, no spills, training; then the GPU tests
+#===================================================================================================
 
 @needs_triton
-def test_triton_unavailable_is_an_error(monkeypatch):
+def test_kernels_triton_unavailable_is_an_error(monkeypatch):
     monkeypatch.setattr(kernels, "INTERPRETED", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="need a CUDA GPU"):
@@ -1959,7 +1778,7 @@ def wide_saved_storages(fn, h, *args):
 
 
 @needs_triton
-def test_triton_dynamic_read_keeps_no_copy_of_the_state():
+def test_kernels_triton_dynamic_read_keeps_no_copy_of_the_state():
     """The triton path's coefficients make one pass over h, as fused.py's do: its
     dynamic_read saves h itself for the backward and nothing else as wide.
     residuals.py's rms_projection keeps the normalized copy of h: the probe sees it."""
@@ -1970,13 +1789,6 @@ def test_triton_dynamic_read_keeps_no_copy_of_the_state():
     assert wide_saved_storages(stream_ops("triton").dynamic_read, h, *args) == set()
 
 
-# Compiles kernels for a GPU without one, in a subprocess (compiled, not interpreted):
-# triton.compile with a GPUTarget, the specialization a launch at the model's sizes
-# gets (16-byte aligned pointers, N and C multiples of 16), the launchers' own
-# constexprs (kernels._sinkhorn_meta, kernels._stream_shape) and the model's dtypes
-# under bf16 autocast; then cuobjdump, which triton's wheel ships beside ptxas, reads
-# each cubin's registers per thread and its stack (where spilled registers go).
-# Prints one line per kernel. argv: the n to compile, the archs, worker processes.
 COMPILE_FOR_GPU = """
 import os
 import subprocess
@@ -2040,7 +1852,15 @@ COMPILE_LINE = re.compile(r"sm_(\d+) (.+) n=(\d+): (\d+) registers, (\d+) B stac
 
 
 def compile_for_gpu(ns, archs, workers=2):
-    """{(arch, kernel, n): (registers, stack bytes, local bytes)} for every kernel."""
+    """{(arch, kernel, n): (registers, stack bytes, local bytes)} for every kernel.
+    Compiles kernels for a GPU without one, in a subprocess (COMPILE_FOR_GPU: compiled,
+    not interpreted): triton.compile with a GPUTarget, the specialization a launch at
+    the model's sizes gets (16-byte aligned pointers, N and C multiples of 16), the
+    launchers' own constexprs (kernels._sinkhorn_meta, kernels._stream_shape) and the
+    model's dtypes under bf16 autocast; then cuobjdump, which triton's wheel ships
+    beside ptxas, reads each cubin's registers per thread and its stack (where spilled
+    registers go). It prints one line per kernel; its argv: the n to compile, the
+    archs, worker processes."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU, repr(list(ns)), repr(list(archs)), str(workers)],
                             env=env, capture_output=True, text=True, cwd=ROOT)
@@ -2068,37 +1888,45 @@ def test_kernels_compile_without_spills(arch, ns):
     assert max(u[0] for u in usage.values()) < 255, usage
 
 
-# === GPU: skipped without CUDA ===
-# The kernels compiled for a real GPU (C = 768, as in a 12 x 768 model; 8 x 1024
-# tokens; n = 2..8; a state past 2^31 elements), where the interpreter above cannot look: GPU
-# rounding (round-to-nearest bf16, approximate division and exp), reductions over
-# small tiles, determinism, torch.compile. bash gpu_check.sh runs them and bench.py:
-#     TRITON_INTERPRET=0 python -m pytest tests.py -k test_gpu_
-# With GPU_TESTS_ON_CPU=1 the same tests run on the CPU in the interpreter at tiny
-# sizes (minutes, not part of the CPU suite): break a kernel and watch them fail.
+@slow
+@needs_triton
+@pytest.mark.parametrize("name", ["mhc", "norm_gated_ihc"])
+def test_kernels_training_with_triton_kernels_matches_fused(name, tmp_path):
+    """A few iterations through the Triton kernels (in the interpreter) give the
+    losses of the fused path."""
+    common = [f"--residual={name}", "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--batch_size=2",
+              "--block_size=16", "--n_layer=1", "--n_head=2", "--n_embd=32", "--device=cpu", "--progress=False",
+              "--warmup_iters=1"]  # one layer: both sublayers, half the interpreter's time
+    train_here("--kernels=fused", f"--out_dir={tmp_path / 'fused'}", *common)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "train.py", "--kernels=triton", f"--out_dir={tmp_path / 'triton'}",
+                             *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for a, b in zip(metrics(tmp_path / "fused"), metrics(tmp_path / "triton"), strict=True):
+        for key in ("train_loss", "val_loss"):
+            assert abs(a[key] - b[key]) < 1e-4, f"iter {a['iter']} {key}: fused {a[key]} vs triton {b[key]}"
 
+
+# --- on a GPU (bash lab/gpu_check.sh), skipped without CUDA
 
 GPU_ON_CPU = os.environ.get("GPU_TESTS_ON_CPU") == "1"
 GPU_DEVICE = "cpu" if GPU_ON_CPU else "cuda"
 gpu = pytest.mark.skipif(
     kernels is None or not (GPU_ON_CPU or (torch.cuda.is_available() and not kernels.INTERPRETED)),
     reason="needs a CUDA GPU and TRITON_INTERPRET=0 (or GPU_TESTS_ON_CPU=1: tiny sizes in the interpreter)")
-# The sweep: every n at a modest size, in one dtype per op (the model's); each other
-# dtype once per op, at n = 4; one state past 2^31 elements (test_gpu_state_past_2_31_elements).
-# 8 x 1024 tokens fill an H200's 132 SMs many times over (2048 programs of 4 tokens
-# at n = 8) and keep the float64 reference small; gpu_check.sh's header counts the bytes.
 GPU_TOKENS = (3, 21) if GPU_ON_CPU else (8, 1024)  # (B, T)
 GPU_CHUNK = 1 if GPU_ON_CPU else 2  # batch rows per slice of the float64 reference: ~3 GB at n = 8, full mix
 GPU_C = 300 if GPU_ON_CPU else 768  # 300: two channel blocks, the second ragged
-# Relative RMS error against float64, by the dtype of the tensor compared. float32:
-# the kernels sum at most C = 768 products in float32 (unit roundoff 6e-8; a sum's
-# relative error grows like sqrt(C) * 6e-8 ~ 2e-6), far under 1e-5. bf16: each output
-# is rounded once to bf16 (unit roundoff 2^-9 = 2e-3: an RMS relative error of ~1.1e-3
-# rounding to nearest on a GPU, ~2.3e-3 truncating in the interpreter), so 5e-3.
-GPU_TOL = {torch.float32: 1e-5, torch.bfloat16: 5e-3}
-# The dtypes of a case: (state h, sublayer output y, coefficients pre/post/mix/logits).
-GPU_DTYPES = {"float32": (torch.float32,) * 3, "bf16": (torch.bfloat16,) * 3,
-              "model": (torch.float32, torch.bfloat16, torch.float32)}  # the model under bf16 autocast
+GPU_TOL = {  # relative RMS error against float64, by the dtype of the tensor compared
+    torch.float32: 1e-5,  # the kernels sum at most C = 768 products in float32 (unit roundoff 6e-8; a sum's
+                          # relative error grows like sqrt(C) * 6e-8 ~ 2e-6), far under 1e-5
+    torch.bfloat16: 5e-3,  # each output is rounded once to bf16 (unit roundoff 2^-9 = 2e-3: an RMS relative error
+                           # of ~1.1e-3 rounding to nearest on a GPU, ~2.3e-3 truncating in the interpreter)
+}
+GPU_DTYPES = {  # a case's dtypes: (state h, sublayer output y, coefficients pre/post/mix/logits)
+    "float32": (torch.float32,) * 3, "bf16": (torch.bfloat16,) * 3,
+    "model": (torch.float32, torch.bfloat16, torch.float32),  # the model under bf16 autocast
+}
 
 
 def gpu_poison():
@@ -2111,7 +1939,12 @@ def gpu_poison():
 
 
 def gpu_inputs(op, n, dtypes, mix=None, seed=0, tokens=GPU_TOKENS):
-    """Random inputs of (B, T) = tokens, as a dict of the op's arguments, drawn on the device."""
+    """Random inputs of (B, T) = tokens, as a dict of the op's arguments, drawn on the
+    device. The sweep: every n at a modest size, in one dtype per op (the model's); each
+    other dtype once per op, at n = 4; one state past 2^31 elements
+    (test_kernels_gpu_state_past_2_31_elements). GPU_TOKENS, 8 x 1024 tokens, fill an
+    H200's 132 SMs many times over (2048 programs of 4 tokens at n = 8) and keep the
+    float64 reference small; gpu_check.sh's header counts the bytes."""
     g = torch.Generator(GPU_DEVICE).manual_seed(seed)
     rand = lambda *shape, dtype: torch.rand(*shape, generator=g, device=GPU_DEVICE).to(dtype)
     randn = lambda *shape, dtype: torch.randn(*shape, generator=g, device=GPU_DEVICE).to(dtype)
@@ -2127,7 +1960,7 @@ def gpu_inputs(op, n, dtypes, mix=None, seed=0, tokens=GPU_TOKENS):
 
 @gpu
 @pytest.mark.parametrize("n, dtypes", [(n, "float32") for n in range(2, 9)] + [(4, "bf16")])  # the model's read: float32
-def test_gpu_stream_read_matches_float64(n, dtypes):
+def test_kernels_gpu_stream_read_matches_float64(n, dtypes):
     gpu_poison()
     check_against_reference("triton", "stream_read", gpu_inputs("stream_read", n, dtypes), GPU_TOL, chunk=GPU_CHUNK)
 
@@ -2135,7 +1968,7 @@ def test_gpu_stream_read_matches_float64(n, dtypes):
 @gpu
 @pytest.mark.parametrize("n, mix, dtypes", [(n, mix, "model") for n in range(2, 9) for mix in ("none", "diagonal", "full")]
                          + [(4, mix, dtypes) for mix in ("none", "diagonal", "full") for dtypes in ("float32", "bf16")])
-def test_gpu_stream_write_matches_float64(n, mix, dtypes):
+def test_kernels_gpu_stream_write_matches_float64(n, mix, dtypes):
     gpu_poison()
     inputs = gpu_inputs("stream_write", n, dtypes, mix)
     check_against_reference("triton", "stream_write", inputs, GPU_TOL, chunk=GPU_CHUNK)
@@ -2146,7 +1979,7 @@ def test_gpu_stream_write_matches_float64(n, mix, dtypes):
                          + [(4, scale, torch.float32) for scale in (1, 50, 1e4)] + [(4, 3, torch.bfloat16)],
                          ids=[f"{n}-5-float32" for n in range(2, 9)] + ["4-1-float32", "4-50-float32",
                                                                          "4-1e4-float32", "4-3-bf16"])
-def test_gpu_sinkhorn_matches_float64(n, scale, dtype):
+def test_kernels_gpu_sinkhorn_matches_float64(n, scale, dtype):
     """One matrix per token. float32 holds a log-domain value of size s only to
     s * 2^-24 (6e-4 at s = 1e4), and exp turns that absolute error into the same
     relative error of an entry, so no float32 Sinkhorn can do better than ~s * 2^-24
@@ -2166,7 +1999,7 @@ def test_gpu_sinkhorn_matches_float64(n, scale, dtype):
 @gpu
 @pytest.mark.parametrize("op, mix", [("stream_read", None), ("stream_write", "none"), ("stream_write", "diagonal"),
                                      ("stream_write", "full"), ("sinkhorn", None)])
-def test_gpu_kernels_are_deterministic(op, mix):
+def test_kernels_gpu_kernels_are_deterministic(op, mix):
     """Two runs on the same inputs give bitwise-equal outputs and gradients (no
     atomics, no order that depends on scheduling)."""
     if op == "sinkhorn":
@@ -2186,12 +2019,6 @@ def test_gpu_kernels_are_deterministic(op, mix):
         assert torch.equal(first_grads[name], second_grads[name]), f"{op}: two runs gave different d {name}"
 
 
-# 64-bit offsets. A state of 704 x 1024 tokens x 4 streams x 768 channels holds
-# 2.2e9 elements (8.9 GB in float32), past 2^31: an offset computed in int32 (a
-# program id times a stride) wraps there, and the last tokens are read from and
-# written to the wrong place or fault. kernels.py computes every offset from token
-# or matrix indices cast to int64 first (_tokens, _load_coefs, the mix rows, the
-# Sinkhorn tile). In the interpreter: a tiny stand-in, the same code path.
 GPU_LARGE_TOKENS = (1, 40) if GPU_ON_CPU else (1, 704 * 1024)
 GPU_LARGE_CHECKED = 8 if GPU_ON_CPU else 64  # tokens compared at each end
 
@@ -2199,12 +2026,18 @@ GPU_LARGE_CHECKED = 8 if GPU_ON_CPU else 64  # tokens compared at each end
 @gpu
 @pytest.mark.parametrize("op, mix, dtypes", [("stream_read", None, "float32"), ("stream_write", "full", "model")],
                          ids=["stream_read", "stream_write-full"])
-def test_gpu_state_past_2_31_elements(op, mix, dtypes):
+def test_kernels_gpu_state_past_2_31_elements(op, mix, dtypes):
     """The kernel on the whole state, forward and backward (float32 upstream gradient:
     a float64 one would be 18 GB), against the float64 reference on the first and
     last GPU_LARGE_CHECKED tokens, each past 2^31 elements at the end: every op is
     per token, so the reference on a slice of tokens, with that slice of the upstream
-    gradient, is the reference's answer there. ~40 GB on the device at the peak."""
+    gradient, is the reference's answer there. ~40 GB on the device at the peak.
+    64-bit offsets: a state of 704 x 1024 tokens x 4 streams x 768 channels holds
+    2.2e9 elements (8.9 GB in float32), past 2^31: an offset computed in int32 (a
+    program id times a stride) wraps there, and the last tokens are read from and
+    written to the wrong place or fault. kernels.py computes every offset from token
+    or matrix indices cast to int64 first (_tokens, _load_coefs, the mix rows, the
+    Sinkhorn tile). In the interpreter: a tiny stand-in, the same code path."""
     B, T = GPU_LARGE_TOKENS
     first_checked = T - GPU_LARGE_CHECKED
     assert GPU_ON_CPU or first_checked * 4 * GPU_C > 2 ** 31, "the checked tokens must lie past 2^31 elements"
@@ -2240,25 +2073,17 @@ def gpu_train(name, kernels_impl, out_dir, *args):
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-# Limits on the train and val loss gaps between two runs, at iteration 0 and at the last evaluation.
-# At iteration 0 the weights are equal and only the stream ops' rounding differs;
-# under bf16 autocast every matmul rounds its inputs to 8 bits, so a last-bit change
-# of the float32 state flips some of those roundings: the loss moves by ~1e-4,
-# limit 2e-3. Twenty AdamW steps amplify such differences, limit 2e-2 (an effect of
-# a wrong kernel, e.g. a dropped term, is larger than that after 20 steps), or three
-# times the gap between two runs of the very same torch path (the GPU's own
-# nondeterminism), whichever is larger. In the interpreter (float32 on the CPU):
-# 1e-4 throughout, as in test_training_with_triton_kernels_matches_fused.
-GPU_TRAIN_LIMITS = (1e-4, 1e-4) if GPU_ON_CPU else (2e-3, 2e-2)
-# Every run eager: the check compiles once, in test_gpu_compiled_model_is_one_graph_and_trains_like_eager,
-# not once more per train.py process.
+GPU_TRAIN_LIMITS = (1e-4, 1e-4) if GPU_ON_CPU else (2e-3, 2e-2)  # the loss gaps allowed at 0 and at the end
 GPU_TRAIN_RUNS = [(name, impl, "eager") for name in ("mhc", "gated_ihc", "ihc") for impl in ("triton", "fused")]
 GPU_TRAIN_RUNS.append(("mhc", "fused", "rerun"))
 
 
 @pytest.fixture(scope="module")
 def gpu_training(tmp_path_factory):
-    """Every training run of the GPU tests, started at once: {(name, impl, tag): metrics rows}."""
+    """Every training run of the GPU tests, started at once: {(name, impl, tag): metrics rows}.
+    Every run eager: the check compiles once, in
+    test_kernels_gpu_compiled_model_is_one_graph_and_trains_like_eager, not once more
+    per train.py process."""
     root = tmp_path_factory.mktemp("gpu_training")
     procs = {(name, impl, tag): gpu_train(name, impl, root / f"{name}.{impl}.{tag}")
              for name, impl, tag in GPU_TRAIN_RUNS}
@@ -2277,7 +2102,17 @@ def gpu_gap(a, b, it):
 
 @gpu
 @pytest.mark.parametrize("name", ["mhc", "gated_ihc", "ihc"])
-def test_gpu_training_triton_matches_fused(name, gpu_training):
+def test_kernels_gpu_training_triton_matches_fused(name, gpu_training):
+    """The train and val loss gaps between triton's and fused's runs, at iteration 0 and at
+    the last evaluation, within GPU_TRAIN_LIMITS. At iteration 0 the weights are equal and
+    only the stream ops' rounding differs; under bf16 autocast every matmul rounds its
+    inputs to 8 bits, so a last-bit change of the float32 state flips some of those
+    roundings: the loss moves by ~1e-4, limit 2e-3. Twenty AdamW steps amplify such
+    differences, limit 2e-2 (an effect of a wrong kernel, e.g. a dropped term, is larger
+    than that after 20 steps), or three times the gap between two runs of the very same
+    torch path (the GPU's own nondeterminism), whichever is larger. In the interpreter
+    (float32 on the CPU): 1e-4 throughout, as in
+    test_kernels_training_with_triton_kernels_matches_fused."""
     noise = gpu_gap(gpu_training[("mhc", "fused", "eager")], gpu_training[("mhc", "fused", "rerun")], GPU_TRAIN_ITERS)
     for it, limit in zip((0, GPU_TRAIN_ITERS), GPU_TRAIN_LIMITS):
         limit = max(limit, 3 * noise) if it else limit
@@ -2289,7 +2124,7 @@ GPU_COMPILED_STEPS = 1 if GPU_ON_CPU else 10  # AdamW steps after the first
 
 
 @gpu
-def test_gpu_compiled_model_is_one_graph_and_trains_like_eager():
+def test_kernels_gpu_compiled_model_is_one_graph_and_trains_like_eager():
     """dynamo traces a model on the Triton kernels without a graph break
     (fullgraph=True raises at the first one), forward and backward; the compiled
     model's first loss and gradients equal the eager model's, and after
@@ -2320,3 +2155,198 @@ def test_gpu_compiled_model_is_one_graph_and_trains_like_eager():
             optimizer.zero_grad(set_to_none=True)
     gap = (losses[0] - losses[1]).abs().item()
     assert gap <= GPU_TRAIN_LIMITS[1], f"step {GPU_COMPILED_STEPS}: compiled and eager losses differ by {gap:.2e}"
+
+
+#===================================================================================================
+# variants.py (appendix): each study variant's change, against its equations and its topology
+#===================================================================================================
+
+WRITTEN_OUT = {  # each variant's change as written_out_step's choices, from its docstring in variants.py:
+    # hc's MIX (what A_r becomes, then which part of it mixes, then a bound), or ihc's
+    # coefficients (from each stream's own state; signed, bias + a tanh)
+    "hc": dict(), "hc.mix_static": dict(mix="static"), "hc.mix_diagonal": dict(mix="diagonal"),
+    "hc.mix_identity": dict(mix="identity"), "hc.bounded": dict(bounded=True),
+    "hc.mix_diagonal_bounded": dict(mix="diagonal", bounded=True), "hc.nonnegative": dict(nonnegative=True),
+    "hc.nonnegative_bounded": dict(nonnegative=True, bounded=True),
+    "ihc": dict(), "ihc.stream": dict(per_stream=True), "ihc.signed": dict(signed=True),
+    "ihc.signed_one_hot": dict(signed=True), "mhc": dict(), "norm_gated_ihc": dict(),
+}
+
+
+def written_out_step(topology, choices, h, sublayer):
+    """One sublayer from the equations written out here: written_out_coefficients,
+    then the variant's MIX (HC's A_r^T or a part of it, then a bound; the mHC
+    family's from its logits by the topology's own mix, which the gates' and
+    Sinkhorn's tests check), the read and the write."""
+    n = h.shape[-2]
+    pre, post, logits = written_out_coefficients(topology, h, choices)
+    if isinstance(topology, residuals.HyperConnection):
+        A_r = logits  # (B,T,n,n)
+        if choices.get("nonnegative"):
+            A_r = torch.where(A_r > 0, A_r, 0.0)  # no entry below 0
+        mix = choices.get("mix", "dynamic")
+        M = dict(static=A_r.mT, dynamic=A_r.mT, diagonal=torch.diag_embed(A_r.diagonal(0, -2, -1)),
+                 identity=torch.eye(n, dtype=h.dtype).expand_as(A_r))[mix]  # the matrix applied to h
+        if choices.get("bounded"):
+            M = M / M.abs().sum(-1).amax(-1).clamp(min=1)[..., None, None]  # no row's absolute sum above 1
+        mixed = M @ h  # (B,T,n,n) @ (B,T,n,C)
+    else:
+        mix = topology.mix(logits)  # the topology's MIX of its logits (tested on its own)
+        mixed = residuals.stream_write(h, mix, torch.zeros_like(post), torch.zeros_like(h[..., 0, :]))
+    y = sublayer((pre.unsqueeze(-1) * h).sum(-2))  # (B,T,C)
+    return mixed + post.unsqueeze(-1) * y.unsqueeze(-2)
+
+
+@pytest.mark.parametrize("ops", ["reference", "fused"])
+@pytest.mark.parametrize("name", list(WRITTEN_OUT))
+def test_variants_hc_and_ihc_variants_follow_their_equations(name, ops):
+    """With every weight random (W, the biases and statics, three different scales),
+    the sublayer's output is its equations': a variant whose change were ignored
+    would give its topology's, which these weights make differ."""
+    torch.manual_seed(0)
+    topology = standalone(name, ops=stream_ops(ops))
+    with torch.no_grad():
+        for p in topology.parameters():
+            p.add_(torch.randn_like(p))
+        topology.alpha.copy_(torch.tensor([0.5, 2.0, -3.0]))
+    h = torch.randn(2, 3, 4, 8, dtype=torch.float64)
+    M = torch.randn(8, 8, dtype=torch.float64)
+    sublayer = lambda x: torch.tanh(x @ M)  # noqa: E731
+    with torch.no_grad():
+        torch.testing.assert_close(topology(h, sublayer), written_out_step(topology, WRITTEN_OUT[name], h, sublayer),
+                                   rtol=1e-10, atol=1e-10)
+
+
+def test_variants_hc_nonnegative_passes_every_gradient_at_step_0():
+    """At step 0 A_r = I: its off-diagonal entries sit exactly on the clamp's edge.
+    The clamp must pass their gradient there (a relu would not, and the mixing would
+    never leave the diagonal): every gradient equals unclamped hc's."""
+    grads = []
+    for name in ("hc", "hc.nonnegative"):
+        torch.manual_seed(0)
+        model = GPT(tiny_config(name))
+        idx = torch.randint(0, 65, (3, 16))
+        model(idx, idx)[1].backward()
+        grads.append({pname: p.grad for pname, p in model.named_parameters() if p.grad is not None})
+    off_diagonal = ~torch.eye(4, dtype=torch.bool)
+    assert grads[0]["transformer.h.0.attn_topology.mix_static"][off_diagonal].abs().min() > 0  # something to pass
+    for pname, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][pname], grad, rtol=0, atol=0, msg=lambda m: f"{pname}: {m}")
+
+
+@pytest.mark.parametrize("name, expected", [("ihc.signed_one_hot", [0.0, 0.0, 1.0, 0.0]),
+                                            ("ihc.signed", [0.09, 0.09, 0.73, 0.09])])
+def test_variants_one_hot_read_reads_one_stream_as_hc(name, expected):
+    pre = standalone(name, sublayer_index=6).float().coefficients(torch.randn(2, 3, 4, 8))[0]  # sublayer 6: stream 2
+    torch.testing.assert_close(pre, torch.tensor(expected).expand_as(pre), atol=0, rtol=0)
+
+
+def test_variants_straight_through_gates_reach_exact_0_and_1_and_pass_the_gradient():
+    """Seed 000 s.13: a gate that can be exactly 0 (a reset) and exactly 1, whose
+    logit still learns where the forward pass is held (straight-through: gradient 1);
+    hard_sigmoid, the same forward with the true gradient, stops where it is held."""
+    u = [-0.5, 0.0, 0.3, 0.6, 1.0, 1.7]
+    assert gate_and_gradient("clip", u) == ([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], [1.0] * 6)
+    assert gate_and_gradient("hard_sigmoid", u) == ([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    assert gate_and_gradient("binary", u) == ([0.0, 0.0, 0.0, 1.0, 1.0, 1.0], [1.0] * 6)
+
+
+@pytest.mark.parametrize("form", list(GATE_FORMS))
+def test_variants_gate_logit_is_the_init_bias_that_gives_the_gate(form):
+    topology = standalone(GATE_FORMS[form]).eval()
+    values = torch.tensor([1.0] if form == "binary" else [0.05, 0.5, 0.9, 1.0], dtype=torch.float64)
+    got = topology.gate(topology.gate_logit(values))
+    assert torch.allclose(got, values, rtol=0, atol=1e-12), (form, got)
+
+
+@pytest.mark.parametrize("u", [0.0, 1.0, -1.5])
+def test_variants_hard_concrete_samples_are_exactly_0_or_1_as_often_as_the_paper_says(u):
+    """Louizos et al. 2018, Eq. 12 with gamma = -0.1, zeta = 1.1, beta = 2/3:
+    P(g = 0) = sigmoid(beta log(-gamma / zeta) - u) and, by the same argument at the
+    other end, P(g = 1) = 1 - sigmoid(beta log((1 - gamma) / (zeta - 1)) - u), with
+    (1 - gamma) / (zeta - 1) = 11. Deterministic at evaluation; noisy in training,
+    with a gradient through the sample."""
+    torch.manual_seed(0)
+    topology = standalone("norm_gated_ihc.hard_concrete").train()
+    logits = torch.full((400_000,), u, dtype=torch.float64)
+    g = topology.gate(logits)
+    beta = 2 / 3
+    p_zero = 1 / (1 + math.exp(-(beta * math.log(0.1 / 1.1) - u)))
+    p_one = 1 - 1 / (1 + math.exp(-(beta * math.log(11) - u)))
+    assert abs((g == 0).double().mean().item() - p_zero) < 0.004
+    assert abs((g == 1).double().mean().item() - p_one) < 0.004
+    assert ((g > 0) & (g < 1)).any()
+    for trial in range(2):
+        torch.manual_seed(trial)  # the same noise for both evaluations of gradcheck's finite differences
+        assert torch.autograd.gradcheck(lambda v: (torch.manual_seed(trial), topology.gate(v))[1],
+                                        torch.full((64,), u, dtype=torch.float64, requires_grad=True))
+    assert topology.eval().gate(logits[:3]).unique().numel() == 1
+
+
+def test_variants_gate_anchor_keeps_stream_0_open():
+    logits = torch.tensor([-3.0, 0.25, 0.0, 2.0], dtype=torch.float64).view(1, 1, 4)
+    anchored, free = standalone("norm_gated_ihc.anchor").gate(logits), standalone("norm_gated_ihc").gate(logits)
+    assert anchored[..., 0].item() == 1.0 and free[..., 0].item() == 0.0
+    assert anchored[..., 1:].tolist() == free[..., 1:].tolist()
+
+
+def test_variants_gating_only_the_deviations_keeps_the_mean():
+    """norm_gated_ihc.clip_deviations: MIX = J + (I - J) D (I - J), D = c(g) diag(g).
+    For any gates the streams' mean is kept and a common-mode state (every stream
+    equal) is left unchanged; equal gates above 1/c_max give c g = 1, which keeps the deviations."""
+    n = 4
+    topology = standalone("norm_gated_ihc.clip_deviations", n)
+    h = torch.randn(2, 3, n, 5, dtype=torch.float64)
+    zeros = torch.zeros(2, 3, n, dtype=torch.float64), torch.zeros(2, 3, 5, dtype=torch.float64)
+    logits = torch.rand(2, 3, n, dtype=torch.float64) * 1.4 - 0.2  # some gates at 0 or 1 exactly
+    out = residuals.stream_write(h, topology.mix(logits), *zeros)
+    mean = h.mean(2, keepdim=True)
+    torch.testing.assert_close(out.mean(2, keepdim=True), mean)
+    common = mean.expand_as(h)
+    torch.testing.assert_close(residuals.stream_write(common, topology.mix(logits), *zeros), common)
+    equal = residuals.stream_write(h, topology.mix(torch.full((2, 3, n), 0.6, dtype=torch.float64)), *zeros)
+    torch.testing.assert_close(equal, h, rtol=1e-5, atol=1e-5)  # g = 0.6 (the clip gate), c = 1 / (0.6 + eps)
+    gates = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64).expand(2, 3, n)  # c = sqrt(2): D = diag(1.41, 1.41, 0, 0)
+    D = torch.diag(math.sqrt(2) * gates[0, 0])
+    J = torch.full((n, n), 1.0 / n, dtype=torch.float64)
+    I_minus_J = torch.eye(n, dtype=torch.float64) - J
+    torch.testing.assert_close(residuals.stream_write(h, topology.mix(gates), *zeros),
+                               (J + I_minus_J @ D @ I_minus_J) @ h, rtol=1e-5, atol=1e-5)  # c: norm + 1e-6
+
+
+FINGERPRINT_SIZE = dict(n_layer=2, n_embd=16, n_head=2, block_size=8, vocab_size=64, dropout=0.0, kernels="reference")
+
+
+def fingerprint(model_args):
+    """A 2 x 16 model at seed 1337 with every parameter moved off its init: the
+    eval-mode logits at the last position, and in training mode (torch seeded, for
+    noisy gates) the loss and its gradient, each parameter's projected on a fixed
+    random direction."""
+    torch.manual_seed(1337)
+    model = GPT(GPTConfig(**FINGERPRINT_SIZE, **model_args))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            p.add_(0.3 * torch.randn(p.shape, generator=generator))
+    idx = torch.randint(0, FINGERPRINT_SIZE["vocab_size"], (2, FINGERPRINT_SIZE["block_size"]), generator=generator)
+    with torch.no_grad():
+        logits, _ = model.eval()(idx, idx)
+    torch.manual_seed(0)
+    _, loss = model.train()(idx, idx)
+    loss.backward()
+    gradient = [(p.grad * torch.randn(p.shape, generator=generator)).sum().item()
+                for _, p in sorted(model.named_parameters())]
+    return dict(logits=logits[:, -1].flatten().tolist(), loss=loss.item(), gradient=gradient)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_variants_every_variant_changes_its_topology(name):
+    """With the same weights moved off init (in training mode, seeded: noisy gates
+    alike), a variant's logits or gradients differ from its topology's, the name
+    before the dot: a variant whose change were ignored would fail here."""
+    topology = name.split(".")[0]
+    args = {key: RESIDUALS[key].default_n_streams for key in (name, topology)}
+    variant, parent = (fingerprint(dict(residual=key, n_streams=n)) for key, n in args.items())
+    differs = [key for key in ("logits", "gradient") if len(variant[key]) != len(parent[key])
+               or (torch.tensor(variant[key]) - torch.tensor(parent[key])).abs().max() > 1e-4]
+    assert differs, f"{name} computes what {topology} does"

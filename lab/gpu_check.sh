@@ -22,7 +22,7 @@
 # test stages side by side, 220 s each (2x the kernel stage), then the bench, 330 s
 # (1.3x: a time-out still leaves every row measured, each printed as it is): 550 s of
 # caps, 570 s with the kill margins.
-#   kernels  53 tests (-k "test_gpu_ and not training and not compiled"): read 7 n in
+#   kernels  53 tests (-k "kernels_gpu and not training and not compiled"): read 7 n in
 #            float32 + bf16 at n = 4 (8); write 7 n x 3 mixes in the model's dtypes + 3
 #            mixes x {float32, bf16} at n = 4 (27); sinkhorn 7 n + 3 scales + bf16 at
 #            n = 4 (11); determinism 5; a state past 2^31 elements 2.
@@ -54,10 +54,10 @@ fi
   "$python" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
   git rev-parse HEAD 2>/dev/null; date -u; } > "$out/env.txt" 2>&1
 
-# The stages' selections (by name: every GPU test is test_gpu_*, and no other test's
-# name holds that) and caps; tests.py's test of this script narrows them.
-kernels_k=${GPU_CHECK_KERNELS_K:-"test_gpu_ and not training and not compiled"}
-training_k=${GPU_CHECK_TRAINING_K:-"test_gpu_ and (training or compiled)"}
+# The stages' selections (by name: every GPU test is test_kernels_gpu_*, and no other
+# test's name holds kernels_gpu) and caps; lab/tests.py's test of this script narrows them.
+kernels_k=${GPU_CHECK_KERNELS_K:-"kernels_gpu and not training and not compiled"}
+training_k=${GPU_CHECK_TRAINING_K:-"kernels_gpu and (training or compiled)"}
 tests_cap=${GPU_CHECK_TESTS_S:-220}
 bench_cap=${GPU_CHECK_BENCH_S:-330}
 interpret=0; bench_default="--device=cuda"

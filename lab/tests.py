@@ -20,7 +20,7 @@ import pytest
 import scipy.stats
 import torch
 
-from conftest import ROOT, TINY, command_of, metrics, run, run_in_this_process, slow, train_here
+from conftest import ROOT, TINY, assert_one_line_error, command_of, metrics, run, run_in_this_process, slow, train_here
 from lab import counterexample, flops, presets, stats
 from model import GPT, GPTConfig, stream_ops
 from residuals import TOPOLOGIES
@@ -196,8 +196,7 @@ def test_flop_matched_iterations():
 ])
 def test_lab_scripts_reject_mistakes_in_one_line(script, args, message):
     status, _, stderr = run_in_this_process(script, *args)
-    assert status == 2 and message in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1
+    assert_one_line_error(status, stderr, message)
 
 
 COMPARE_TRAIN_ARGS = " ".join(["--max_iters=30", "--eval_interval=15", *TINY[:-2]])  # compare.py adds device, progress
@@ -418,8 +417,8 @@ def test_compare_skips_finished_runs(tmp_path):
     assert not (tmp_path / "first" / "runs" / "compare.lock").exists(), "a finished call keeps no lock"
     result = compare(tmp_path / "first", "--variants=mhc", "--seeds=5", *grid, "--train_args=--max_iters=10",
                      check=False)
-    assert result.returncode == 2 and "was trained with other arguments" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert_one_line_error(result.returncode, result.stderr, "was trained with other arguments")
+    assert "Traceback" not in result.stderr
     assert not (tmp_path / "first" / "runs" / "compare.lock").exists(), "a refused call keeps no lock either"
 
 
@@ -584,8 +583,8 @@ def test_compare_refuses_a_runs_dir_another_call_is_training_in(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "compare.lock").write_text(f"{os.getpid()} python compare.py\n")
     status, _, stderr = run_in_this_process(*compare_arguments(tmp_path, "--variants=mhc", "--seeds=5"))
-    assert status == 2 and "another compare.py is training in" in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "runs" / "mhc-s5").exists()
+    assert_one_line_error(status, stderr, "another compare.py is training in")
+    assert not (tmp_path / "runs" / "mhc-s5").exists()
 
 
 @slow
@@ -677,7 +676,7 @@ def test_plot_draws_any_runs_side_by_side(trained, tmp_path, monkeypatch):
     assert legends == dict(val_loss=runs, gain=runs, grad_norm=runs, gates=runs[1:]), legends
     for args, message in (([str(tmp_path)], f"no metrics.jsonl in '{tmp_path}'"), ([], "name the runs to plot")):
         status, _, err = run_in_this_process("lab/plot.py", *args, f"--out={tmp_path / 'plots'}")
-        assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
+        assert_one_line_error(status, err, message)
 
 
 
@@ -709,13 +708,13 @@ STAND_IN_TESTS = """
 import threading
 import pytest
 
-def test_gpu_passes():
+def test_kernels_gpu_passes():
     pass
 
-def test_gpu_skips():
+def test_kernels_gpu_skips():
     pytest.skip("no GPU")
 
-def test_gpu_waits_for_ever():
+def test_kernels_gpu_waits_for_ever():
     threading.Event().wait()
 """
 
@@ -744,4 +743,4 @@ def test_check_script_names_every_verdict(kernels_k, verdict, tmp_path):
     assert "training tests  pass (1 passed" in summary and "bench           pass" in summary, summary
     assert result.returncode == (0 if verdict.startswith("pass") else 1), summary
     if "timed out" in verdict:  # the finished test is listed by name
-        assert "tests.py::test_gpu_passes PASSED" in summary, summary
+        assert "tests.py::test_kernels_gpu_passes PASSED" in summary, summary

@@ -59,7 +59,7 @@ alpha_init = 0.01  # initial coefficient scales a_* (mHC) and s (HC)
 sinkhorn_iters = 20  # mhc: Sinkhorn-Knopp iterations
 kernels = "auto"  # the stream ops (model.stream_ops): auto (triton on CUDA, fused elsewhere), reference, fused, triton
 # AdamW, and the learning rate: warmup, then cosine to min_lr
-learning_rate = 4e-3  # ties 8e-3 on the CPU model (lab/results/cpu_tuned); nanoGPT's 1e-3: config/train_shakespeare_char_cpu.py
+learning_rate = 4e-3  # ties 8e-3 on the CPU model (lab/results/cpu_tuned); nanoGPT's 1e-3: config/*_cpu.py
 max_iters = 2000  # iterations in all
 weight_decay = 1e-1  # on the projection matrices (model.configure_optimizers)
 beta1 = 0.9  # AdamW's

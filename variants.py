@@ -6,7 +6,7 @@ named `<topology>.<change>` and trained like any topology:
 
 Read residuals.py first; each entry here is a few lines on top of one of its
 classes, overriding the one method (or class attribute) that it changes. The
-studies that train them, and what they found, are in results/README.md. Each
+studies that train them, and what they found, are in lab/README.md. Each
 variant starts as its topology does (the residual network, but for gated_ihc's
 0.9 and the anchor's unequal gates; tests.py checks each, and that each
 variant's change acts).

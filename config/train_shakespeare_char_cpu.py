@@ -1,6 +1,6 @@
 # nanoGPT's CPU recipe (its README: ~1.88 val loss), its learning rate 1e-3 included:
-# train.py's defaults on a machine with no GPU but for the rate (4e-3 there, the best
-# of 2e-3, 4e-3, 8e-3: results/cpu_tuned). A few minutes on 2 cores.
+# train.py's defaults on a machine with no GPU but for the rate (4e-3 there, tied with 8e-3, best
+# of 2e-3, 4e-3, 8e-3: lab/results/cpu_tuned). A few minutes on 2 cores.
 # python train.py config/train_shakespeare_char_cpu.py --residual=mhc
 dataset = "shakespeare_char"
 device = "cpu"

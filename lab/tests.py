@@ -368,19 +368,21 @@ def test_gain_column_is_each_runs_largest_mean_over_seeds(preset):
 
 @slow
 def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
-    """The gates preset's static variant is norm_gated_ihc.clip with --alpha_init=0, run
-    and named as such; ihc among the variants adds a paired column against it."""
-    compare(tmp_path, "--preset=gates", "--variants=ihc,norm_gated_ihc.static", "--seeds=1")
+    """The gates preset's norm_gated_ihc.clip+alpha_init=0 is norm_gated_ihc.clip with
+    --alpha_init=0, run as such; its runs are named as the study recorded them
+    (norm_gated_ihc.static), its rows by its label; ihc adds a paired column against it."""
+    label = "norm_gated_ihc.clip+alpha_init=0"
+    compare(tmp_path, "--preset=gates", f"--variants=ihc,{label}", "--seeds=1")
     out_dir = tmp_path / "runs" / "norm_gated_ihc.static-s1"
     assert "--alpha_init=0" in json.loads((out_dir / "run.json").read_text())["arguments"]
     config = torch.load(out_dir / "ckpt.pt", weights_only=True)["config"]
     assert config["residual"] == "norm_gated_ihc.clip" and config["alpha_init"] == 0
     assert (tmp_path / "results" / "metrics" / "norm_gated_ihc.static-s1.jsonl").exists()
     table = (tmp_path / "results" / "results.md").read_text()
-    ihc, static = (metrics(tmp_path / "runs" / f"{label}-s1")[-1]["val_loss"]
-                   for label in ("ihc", "norm_gated_ihc.static"))
+    ihc, static = (metrics(tmp_path / "runs" / f"{name}-s1")[-1]["val_loss"]
+                   for name in ("ihc", "norm_gated_ihc.static"))
     assert "| minus ihc's: mean [95% CI], p, signs |" in table and "| minus residual's" not in table
-    assert f"| `norm_gated_ihc.static` | {static:.4f} | " in table  # one seed: no spread
+    assert f"| `{label}` | {static:.4f} | " in table  # one seed: no spread
     d = static - ihc  # one seed: no interval and no test, only the difference and its sign
     assert f"| {d:+.4f} (one seed: no interval), {'-' if d < 0 else '+'} | " in table, table
 

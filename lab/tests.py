@@ -686,6 +686,7 @@ def test_plot_draws_any_runs_side_by_side(trained, tmp_path, monkeypatch):
 # bench.py
 # =============================================================================
 
+@slow  # a profile of two topologies' steps: the quick tier's slowest test by far
 def test_bench_profile_names_where_the_time_goes():
     """bench.py --profile=mhc: 20 ops, ranked by the time mhc adds to each over the
     residual's step; the top one is an op the residual never runs, and mhc's

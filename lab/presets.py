@@ -117,6 +117,14 @@ PRESETS = dict(
                                    for mult in (1, 4, 16))
                    + tuple((f"norm_gated_ihc+gate_lr_mult={mult}", "norm_gated_ihc+gate_lr_mult=1") for mult in (4, 16))
                    + (("norm_gated_ihc+max_iters=3000", "ihc+max_iters=3000"),)),
+    # gate_lr's multiplier that reset the most gates, at 48 layers (#38): beside depth48's residual, ihc and
+    # norm_gated_ihc (at ihc's rate, untuned, as depth48 trained it), all three taken from depth48
+    gate_lr48=Preset(SWEEP_MODEL + ["--n_layer=48"], learning_rates=(2e-3, 4e-3, 8e-3), baselines=("residual", "ihc"),
+                     reuse=("depth48",), rates_from={"norm_gated_ihc": "ihc"},
+                     variants={**topologies("residual", "ihc", "norm_gated_ihc"),
+                               **with_setting("norm_gated_ihc", "gate_lr_mult", 16)},
+                     contrasts=tuple(("norm_gated_ihc+gate_lr_mult=16", base)
+                                     for base in ("ihc", "residual", "norm_gated_ihc"))),
     # What hc's lead at 48 layers is made of (#37), at depth48's model, five seeds: hc's mixing made diagonal
     # or bounded, hc on one stream (its scales alone, token-dependent or static), and the residual for the
     # iterations hc's FLOPs per step buy (flops.py: 1119 for 1000); depth48's runs where identical. The grid

@@ -1,19 +1,15 @@
 """
-Train a GPT with any residual topology. nanoGPT's training loop.
+Train a GPT with any residual topology: nanoGPT's training loop.
 
-    python train.py --residual=norm_gated_ihc          # on a CPU: 4 x 128, ~2000 iters, a few minutes
+    python train.py --residual=norm_gated_ihc          # on a CPU: 4 x 128, 2000 iters, a few minutes
     python train.py config/train_shakespeare_char.py   # a preset file, then --key=value overrides
     torchrun --standalone --nproc_per_node=2 train.py  # DDP (NCCL on GPUs, gloo on CPUs)
 
-Every global below is a setting (--key=value). Sizes not set by the user follow
-the device: nanoGPT's CPU recipe on a CPU (at learning rate 4e-3, which ties 8e-3
-there and beats nanoGPT's 1e-3), its shakespeare_char model (6 x 384) on a GPU.
-Writes out_dir/ckpt.pt (plain tensors and values: torch.load(weights_only=True)
-reads it) and out_dir/metrics.jsonl: a JSON line per evaluation (val_loss,
-diagnostics) and per log_interval (the training loss; the gradient norm, which
-explains a spike). Ctrl-C or SIGTERM saves a checkpoint and exits within an
-iteration, or an evaluation; resume with --init_from=resume. A second Ctrl-C
-exits at once, without saving.
+Every global below is a setting (--key=value); sizes not set follow the device: nanoGPT's CPU
+recipe on a CPU (at 4e-3), its shakespeare_char model (6 x 384) on a GPU. Writes out_dir/ckpt.pt
+(plain tensors: torch.load(weights_only=True) reads it) and out_dir/metrics.jsonl (a JSON line per
+evaluation and per log_interval). Ctrl-C or SIGTERM saves and exits within an iteration or an
+evaluation (continue with --init_from=resume); a second Ctrl-C exits at once, without saving.
 """
 import dataclasses
 import json
@@ -340,10 +336,8 @@ while not received:
                  else torch.zeros((), device=device))  # torch.zeros: made on the device, no host-device copy
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)  # inf: measure only
     interval.append((iter_num, torch.stack([loss.detach() * gradient_accumulation_steps, grad_norm, gate_norm])))
-    if device_type == "cuda":  # reading the loss now would wait for the device (nanoGPT: "a CPU-GPU sync point")
-        # at every step: it is read at the next report. Meanwhile a non-finite one must not update the weights:
-        # found_inf is how GradScaler skips a fused AdamW's step on the device (torch/amp/grad_scaler.py; AdamW
-        # is fused on CUDA: model.configure_optimizers; under float16 the enabled GradScaler sets found_inf itself).
+    if device_type == "cuda":  # reading the loss would wait for the device: it is read at the next report. A
+        # non-finite one must not update: found_inf is how GradScaler skips fused AdamW's step on the device
         optimizer.found_inf = (~torch.isfinite(loss)).float()
     else:  # nothing runs asynchronously on a CPU: read now, and stop before the update
         read_losses(interval[-1:])
@@ -374,5 +368,4 @@ if received:  # the weights after iter_num whole iterations
         print(f"{received[0].name}: saved {ckpt_path} at iteration {iter_num}; continue with --init_from=resume")
 if ddp:
     torch.distributed.destroy_process_group()
-if received:
-    sys.exit(128 + received[0])
+sys.exit(128 + received[0] if received else 0)

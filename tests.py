@@ -517,6 +517,7 @@ def test_model_a_setting_the_topology_would_ignore_is_an_error(config, message):
         check_config(GPTConfig(**config))
 
 
+@pytest.mark.slow  # two 12-layer train.py runs: a fifth of the quick tier
 def test_model_default_gates_keep_learning_where_gates_on_the_clip_edge_freeze(tmp_path):
     """Gates that start on the clip's edge (g = 1, norm_gated_ihc.init1) with the
     default, true-gradient gate are frozen by the first update that pushes them past

@@ -15,13 +15,19 @@ import sys
 # Before triton is imported anywhere: the kernels run on the CPU. The GPU tests
 # want them compiled: TRITON_INTERPRET=0 python -m pytest tests.py -k kernels_gpu
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# One thread per process, here and in the scripts the tests run: models this small gain nothing from
+# a second, and beside other work (a study training) two threads spin against each other: the quick
+# tier took 151 s so on 2 busy cores, 20 s on one thread.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
+import torch
 
 from model import GPTConfig
 from prepare import DATA_DIR, prepare_dataset
 from variants import RESIDUALS
 
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 ROOT = os.path.dirname(os.path.abspath(__file__))
 slow = pytest.mark.slow  # left out of the quick check (pytest.ini)
 # a model small enough to train in seconds on 2 cores

@@ -125,28 +125,23 @@ def test_counterexample_training_run_lowers_the_loss_it_reports(monkeypatch):
     the network on the script's points."""
     for key, value in dict(steps=150, log_every=50, points=128, test_points=256, probe_points=64).items():
         monkeypatch.setattr(counterexample, key, value)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the script runs: ops this small only lose time to threading (10x on a busy CPU)
-    try:
-        for name in ("ihc", "gated_ihc", "hc"):
-            net = counterexample.CounterexampleNet(name, 4, torch.Generator().manual_seed(1))
-            config = GPTConfig(n_layer=1, n_head=1, n_embd=1, residual=name, n_streams=2)
-            fresh = TOPOLOGIES[name](config, 0, stream_ops("fused")).to(DT)
-            assert all(torch.equal(a, b) for a, b in zip(net.topologies[0].state_dict().values(),
-                                                         fresh.state_dict().values()))
-            (x, y), (x_test, _) = counterexample.split(1)
-            assert len(x) == 128 and len(x_test) == 256
-            start = counterexample.reset_measures(net, x_test)
-            assert start["ratio"] > 0.5 and not start["reset"] > 0, start  # reset: nan without gates
-            with torch.no_grad():
-                first = counterexample.mse(net, x, y).item()
-            result = counterexample.train_one(name, 1, 0.03)
-            assert [row["step"] for row in result["curve"]] == [0, 50, 100, 150]
-            assert result["curve"][0]["loss"] == pytest.approx(first, rel=1e-12)
-            assert result["train"] == result["curve"][-1]["loss"] < first / 10, (name, first, result["train"])
-            assert math.isfinite(result["test"]) and result["test"] < first / 5, (name, first, result["test"])
-    finally:
-        torch.set_num_threads(threads)
+    for name in ("ihc", "gated_ihc", "hc"):
+        net = counterexample.CounterexampleNet(name, 4, torch.Generator().manual_seed(1))
+        config = GPTConfig(n_layer=1, n_head=1, n_embd=1, residual=name, n_streams=2)
+        fresh = TOPOLOGIES[name](config, 0, stream_ops("fused")).to(DT)
+        assert all(torch.equal(a, b) for a, b in zip(net.topologies[0].state_dict().values(),
+                                                     fresh.state_dict().values()))
+        (x, y), (x_test, _) = counterexample.split(1)
+        assert len(x) == 128 and len(x_test) == 256
+        start = counterexample.reset_measures(net, x_test)
+        assert start["ratio"] > 0.5 and not start["reset"] > 0, start  # reset: nan without gates
+        with torch.no_grad():
+            first = counterexample.mse(net, x, y).item()
+        result = counterexample.train_one(name, 1, 0.03)
+        assert [row["step"] for row in result["curve"]] == [0, 50, 100, 150]
+        assert result["curve"][0]["loss"] == pytest.approx(first, rel=1e-12)
+        assert result["train"] == result["curve"][-1]["loss"] < first / 10, (name, first, result["train"])
+        assert math.isfinite(result["test"]) and result["test"] < first / 5, (name, first, result["test"])
 
 
 # =============================================================================

@@ -22,7 +22,10 @@ between them: at this model size two one-thread runs on 2 cores get through ~1.6
 the tokens of one run on both (ops this small do not split well over threads).
 Nothing is lost: a finished run is not trained again, an interrupted one (Ctrl-C,
 a crash, a reboot) resumes from its last checkpoint when the command is rerun,
-and a run directory made with other settings is an error, never mixed in.
+and a run directory made with other settings is an error, never mixed in. Each
+finished run's metrics and arguments also go to results_dir at once (metrics/ and
+progress.json), so a study longer than a machine's life outlives it: commit them,
+and the same command on a fresh clone trains only the runs not recorded there.
 
 A preset with a learning-rate grid compares fairly: each variant first trains at
 every rate of the grid on the tuning seed, a seed the comparison does not use; its
@@ -40,9 +43,10 @@ val_loss.png, gain.png, grad_norm.png, gates.png (gated variants only), and
 metrics/<label>-sS.jsonl, a copy of every run's metrics (metrics/tuning/ for the
 tuning runs), and run.json, the record: every call's command, minutes and commit,
 each run's arguments, the grid's losses and the choices. --train=False redraws
-everything from the metrics, byte for byte, and chooses the same rates.
+everything from the metrics, byte for byte, and chooses the same rates. Until the
+last run ends, progress.json stands in for run.json: the calls so far and the
+arguments of each run finished.
 """
-import atexit
 import itertools
 import json
 import math
@@ -134,6 +138,7 @@ jobs = jobs or ((os.cpu_count() or 1) if on_cpu else 1)
 runs_dir = runs_dir or f"compare-{preset}"
 results_dir = results_dir or os.path.join(HERE, "results", preset)
 metrics_dir = os.path.join(results_dir, "metrics")
+progress_path = os.path.join(results_dir, "progress.json")  # an unfinished study's record: run.json replaces it
 
 
 def comparison_runs(chosen):
@@ -212,6 +217,41 @@ def reused_from(run):
     return json.load(open(path)).get("reused") if os.path.exists(path) else None
 
 
+def read_progress():
+    """<results_dir>/progress.json: every call so far and the arguments of each run trained
+    to its end (its metrics in metrics_dir), for a study not finished yet."""
+    if not os.path.exists(progress_path):
+        return dict(calls=[], runs={})
+    with open(progress_path) as f:
+        return json.load(f)
+
+
+def recorded_run(run, arguments):
+    """The metrics file of this run if progress.json records it finished (a fresh clone of
+    a study trained partly elsewhere), else None; recorded with other arguments: an error.
+    --out_dir aside, which names where it ran, not what."""
+    recorded = read_progress()["runs"].get(run.name)
+    if recorded is None:
+        return None
+    if [a for a in recorded if not a.startswith("--out_dir=")] != [a for a in arguments if not a.startswith("--out_dir=")]:
+        fail(f"{progress_path} records {run.name} trained with other arguments ({shlex.join(recorded)}); "
+             f"use another --results_dir")
+    return os.path.join(metrics_dir, run.name + ".jsonl")
+
+
+def record_progress(out_dir, arguments, calls):
+    """Copy a finished run's metrics into metrics_dir and add it to progress.json, with
+    the calls so far: what a study has done is in results_dir the moment it is done."""
+    name = os.path.relpath(out_dir, runs_dir)
+    os.makedirs(os.path.dirname(os.path.join(metrics_dir, name)), exist_ok=True)
+    shutil.copyfile(os.path.join(out_dir, "metrics.jsonl"), os.path.join(metrics_dir, name + ".jsonl"))
+    progress = read_progress()
+    progress["calls"], progress["runs"][name] = calls, arguments
+    with open(progress_path + ".tmp", "w") as f:
+        json.dump(progress, f, indent=1)
+    os.replace(progress_path + ".tmp", progress_path)
+
+
 def dead_lock_holder(path):
     """The PID in the lock at `path` if that process has ended (killed outright, so its
     lock stayed), else None. Where that cannot be asked (Windows, where os.kill(pid, 0)
@@ -230,8 +270,9 @@ def dead_lock_holder(path):
 
 def claim_runs_dir():
     """One call at a time per runs_dir: two would both start (or resume) the same
-    unfinished runs. The lock goes when the call ends, however it ends but killed; a
-    killed call's lock (its process gone) is taken over, with a line that says so."""
+    unfinished runs. Returns the lock's path: training removes it when it ends, however
+    it ends but killed; a killed call's lock (its process gone) is taken over, with a
+    line that says so."""
     os.makedirs(runs_dir, exist_ok=True)
     path = os.path.join(runs_dir, "compare.lock")
     pid = dead_lock_holder(path)
@@ -245,14 +286,13 @@ def claim_runs_dir():
              f"delete the file and rerun")
     with os.fdopen(fd, "w") as f:
         f.write(f"{os.getpid()} {shlex.join(['python', '-m', 'lab.compare', *sys.argv[1:]])}\n")
-    atexit.register(os.remove, path)
+    return path
 
 
 def train_all():
     """Train every run not finished yet, `jobs` at a time: the grid on the tuning seed
     first (if the preset has one), then the comparison at the chosen rates. Ctrl-C or
     SIGTERM: the running ones save a checkpoint and stop; the next call resumes them."""
-    claim_runs_dir()
     started = time.time()
     record_call(0, new_call=True)  # on record from its start: a call killed outright keeps what it got done
     losses = tune(lambda runs: train_runs(runs, "tuning", started), runs_dir)
@@ -269,6 +309,8 @@ def train_all():
                        **reused_record(tuning_runs(losses) + runs),
                        **(dict(tuning_seed=tuning_seed, grid_losses=losses, chosen=choices(losses)) if grid else {})),
                   f, indent=1)
+    if os.path.exists(progress_path):  # run.json holds it all now
+        os.remove(progress_path)
 
 
 def reused_record(runs):
@@ -280,20 +322,27 @@ def reused_record(runs):
 def train_runs(runs, desc, started):
     """Train the runs not finished yet, `jobs` at a time; exit (1) naming any run
     that stopped before its end, after the others have saved."""
-    pending, taken = [], 0
+    pending, taken, recorded = [], 0, 0
     for run in runs:
         arguments, out_dir = train_arguments(run), run_dir(run)
         state = run_state(out_dir, arguments)
         twin = committed_twin(run) if state == "new" else None
+        earlier = recorded_run(run, arguments) if state == "new" and not twin else None
         if twin:  # a committed run of the same arguments: its metrics, not a second training
             os.makedirs(out_dir, exist_ok=True)
             shutil.copyfile(os.path.join(HERE, "results", twin), os.path.join(out_dir, "metrics.jsonl"))
             write_run_info(out_dir, arguments, finished=True, reused=twin)
             taken += 1
+        elif earlier:  # this study's own run, finished in an earlier call on another machine
+            os.makedirs(out_dir, exist_ok=True)
+            shutil.copyfile(earlier, os.path.join(out_dir, "metrics.jsonl"))
+            write_run_info(out_dir, arguments, finished=True)
+            recorded += 1
         elif state != "done":
             pending.append((out_dir, arguments, state == "resume"))
     print(f"{desc}: {len(runs) - len(pending)} of {len(runs)} runs already finished in {runs_dir}"
           + (f" ({taken} taken from results/: {', '.join(PRESET.reuse)})" if taken else "")
+          + (f" ({recorded} recorded in {progress_path})" if recorded else "")
           + f"; training {len(pending)}, {jobs} at a time", flush=True)
     env = dict(os.environ)
     if on_cpu:  # split the cores between the runs
@@ -329,12 +378,13 @@ def train_runs(runs, desc, started):
                     write_run_info(out_dir, arguments, finished=True)
                     bar.update(1)
                     finished += 1
-                    record_call(time.time() - started)
+                    record_progress(out_dir, arguments, record_call(time.time() - started))
                     if progress == "lines":
                         print(f"{desc}: run {finished} of {total} finished: {os.path.relpath(out_dir, runs_dir)} "
                               f"({(time.time() - started) / 60:.1f} min into this call)", flush=True)
                 elif desc == "tuning" and diverged(out_dir):  # that rate's result: the grid goes on
                     write_run_info(out_dir, arguments, finished=True)
+                    record_progress(out_dir, arguments, record_call(time.time() - started))
                     bar.update(1)
                     finished += 1
                     print(f"{desc}: {os.path.relpath(out_dir, runs_dir)} diverged ({last_line(out_dir)}); "
@@ -456,7 +506,7 @@ def record_call(seconds, new_call=False):
     a chance to clean up (kill -9, a reboot) still counts up to its last finished run."""
     os.makedirs(runs_dir, exist_ok=True)
     path = os.path.join(runs_dir, "calls.json")
-    calls = json.load(open(path)) if os.path.exists(path) else []
+    calls = json.load(open(path)) if os.path.exists(path) else read_progress()["calls"]  # a fresh clone: those recorded
     this_call = dict(command=shlex.join(["python", "-m", "lab.compare", *sys.argv[1:]]), minutes=round(seconds / 60, 1),
                      **CODE, cpu=CPU)
     if new_call:
@@ -704,5 +754,9 @@ def update_results_readme(block):
 
 
 if train:
-    train_all()
+    lock = claim_runs_dir()
+    try:
+        train_all()
+    finally:
+        os.remove(lock)
 report()

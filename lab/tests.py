@@ -646,6 +646,42 @@ def test_compare_interrupted_resumes_to_the_same_numbers(tmp_path):
     assert f"({first['minutes']} min{at}) then " in (tmp_path / "r2" / "results.md").read_text()
 
 
+@slow
+def test_compare_resumes_on_a_fresh_clone_from_the_recorded_runs(tmp_path, monkeypatch):
+    """A study outlives its machine: each finished run goes to results_dir at once, so a
+    call on a fresh machine (no runs_dir, only the committed results_dir) trains only
+    the rest, and the record at the end holds both calls and every run."""
+    args = compare_arguments(tmp_path, "--variants=ihc", "--seeds=3,4", "--jobs=1")
+    real_popen = subprocess.Popen
+
+    def machine_lost_at_seed_4(command, **kwargs):  # seed 3 trains; seed 4's run ends as a lost machine's
+        lost = [sys.executable, "-c", "import sys; print('the machine went away'); sys.exit(137)"]
+        return real_popen(lost if "--seed=4" in command else command, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", machine_lost_at_seed_4)
+    status, _, stderr = run_in_this_process(*args)
+    assert status == 1 and "the machine went away" in stderr, stderr
+    monkeypatch.setattr(subprocess, "Popen", real_popen)
+    progress = tmp_path / "results" / "progress.json"
+    recorded = json.loads(progress.read_text())
+    assert list(recorded["runs"]) == ["ihc-s3"] and len(recorded["calls"]) == 1, recorded
+    first = (tmp_path / "results" / "metrics" / "ihc-s3.jsonl").read_text()
+    assert first == (tmp_path / "runs" / "ihc-s3" / "metrics.jsonl").read_text()
+    assert not (tmp_path / "results" / "results.md").exists(), "no table from an unfinished comparison"
+    shutil.rmtree(tmp_path / "runs")  # the machine is gone; results/ was committed
+    status, _, stderr = run_in_this_process(*args, "--train_args=--max_iters=10")
+    assert_one_line_error(status, stderr, f"{progress} records ihc-s3 trained with other arguments")
+    shutil.rmtree(tmp_path / "runs")  # (the refused call is on its runs_dir's record)
+    status, out, stderr = run_in_this_process(*args)
+    assert status == 0, stderr
+    assert f"1 of 2 runs already finished in {tmp_path / 'runs'} (1 recorded in {progress})" in out, out
+    assert not (tmp_path / "runs" / "ihc-s3" / "train.log").exists(), "seed 3 was not trained again"
+    assert (tmp_path / "results" / "metrics" / "ihc-s3.jsonl").read_text() == first
+    record = json.loads((tmp_path / "results" / "run.json").read_text())
+    assert len(record["calls"]) == 2 and sorted(record["runs"]) == ["ihc-s3", "ihc-s4"], record
+    assert not progress.exists(), "run.json replaces the progress record"
+
+
 
 # =============================================================================
 # plot.py

@@ -125,11 +125,12 @@ PRESETS = dict(
                                **with_setting("norm_gated_ihc", "gate_lr_mult", 16)},
                      contrasts=tuple(("norm_gated_ihc+gate_lr_mult=16", base)
                                      for base in ("ihc", "residual", "norm_gated_ihc"))),
-    # gate_lr48 on five seeds: its seeds 1337-1339 taken from it (and depth48), 1340 and 1341 new, the
-    # replication its three-seed finding needs, the same contrasts
+    # gate_lr48 on five seeds: its seeds 1337-1339 taken from it (and depth48), the residual at 1340 and
+    # 1341 from depth48_decomp, the rest of 1340 and 1341 new: the replication its three-seed finding
+    # needs, the same contrasts
     gate_lr48_5seeds=Preset(SWEEP_MODEL + ["--n_layer=48"], seeds="1337,1338,1339,1340,1341",
                             learning_rates=(2e-3, 4e-3, 8e-3), baselines=("residual", "ihc"),
-                            reuse=("depth48", "gate_lr48"), rates_from={"norm_gated_ihc": "ihc"},
+                            reuse=("depth48", "gate_lr48", "depth48_decomp"), rates_from={"norm_gated_ihc": "ihc"},
                             variants={**topologies("residual", "ihc", "norm_gated_ihc"),
                                       **with_setting("norm_gated_ihc", "gate_lr_mult", 16)},
                             contrasts=tuple(("norm_gated_ihc+gate_lr_mult=16", base)

@@ -49,6 +49,12 @@ DEPTH_STUDY = DEPTH_MODEL + ["--max_iters=1000"]
 SWEEP_MODEL = ["--device=cpu", "--n_embd=64", "--n_head=4", "--max_iters=1000"]  # then --n_layer, the depth
 SWEEP = topologies("residual", "hc", "mhc", "ihc", "norm_gated_ihc")
 DECOMP_MATCHED = flop_matched_iters(1000, n_layer=48, n_embd=64, block_size=64, vocab_size=65, n_streams=4)  # 1119
+GATE_LR48 = Preset(SWEEP_MODEL + ["--n_layer=48"], learning_rates=(2e-3, 4e-3, 8e-3), baselines=("residual", "ihc"),
+                   reuse=("depth48",), rates_from={"norm_gated_ihc": "ihc"},
+                   variants={**topologies("residual", "ihc", "norm_gated_ihc"),
+                             **with_setting("norm_gated_ihc", "gate_lr_mult", 16)},
+                   contrasts=tuple(("norm_gated_ihc+gate_lr_mult=16", base)
+                                   for base in ("ihc", "residual", "norm_gated_ihc")))
 PRESETS = dict(
     cpu=Preset(["--device=cpu"], topologies(*TOPOLOGIES)),
     gpu=Preset([os.path.join(ROOT, "config", "train_shakespeare_char.py"), "--device=cuda"], topologies(*TOPOLOGIES)),
@@ -119,22 +125,12 @@ PRESETS = dict(
                    + (("norm_gated_ihc+max_iters=3000", "ihc+max_iters=3000"),)),
     # gate_lr's multiplier that reset the most gates, at 48 layers (#38): beside depth48's residual, ihc and
     # norm_gated_ihc (at ihc's rate, untuned, as depth48 trained it), all three taken from depth48
-    gate_lr48=Preset(SWEEP_MODEL + ["--n_layer=48"], learning_rates=(2e-3, 4e-3, 8e-3), baselines=("residual", "ihc"),
-                     reuse=("depth48",), rates_from={"norm_gated_ihc": "ihc"},
-                     variants={**topologies("residual", "ihc", "norm_gated_ihc"),
-                               **with_setting("norm_gated_ihc", "gate_lr_mult", 16)},
-                     contrasts=tuple(("norm_gated_ihc+gate_lr_mult=16", base)
-                                     for base in ("ihc", "residual", "norm_gated_ihc"))),
+    gate_lr48=GATE_LR48,
     # gate_lr48 on five seeds: its seeds 1337-1339 taken from it (and depth48), the residual at 1340 and
     # 1341 from depth48_decomp, the rest of 1340 and 1341 new: the replication its three-seed finding
     # needs, the same contrasts
-    gate_lr48_5seeds=Preset(SWEEP_MODEL + ["--n_layer=48"], seeds="1337,1338,1339,1340,1341",
-                            learning_rates=(2e-3, 4e-3, 8e-3), baselines=("residual", "ihc"),
-                            reuse=("depth48", "gate_lr48", "depth48_decomp"), rates_from={"norm_gated_ihc": "ihc"},
-                            variants={**topologies("residual", "ihc", "norm_gated_ihc"),
-                                      **with_setting("norm_gated_ihc", "gate_lr_mult", 16)},
-                            contrasts=tuple(("norm_gated_ihc+gate_lr_mult=16", base)
-                                            for base in ("ihc", "residual", "norm_gated_ihc"))),
+    gate_lr48_5seeds=GATE_LR48._replace(seeds="1337,1338,1339,1340,1341",
+                                        reuse=("depth48", "gate_lr48", "depth48_decomp")),
     # What hc's lead at 48 layers is made of (#37), at depth48's model, five seeds: hc's mixing made diagonal
     # or bounded, hc on one stream (its scales alone, token-dependent or static), and the residual for the
     # iterations hc's FLOPs per step buy (flops.py: 1119 for 1000); depth48's runs where identical. The grid

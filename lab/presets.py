@@ -146,4 +146,15 @@ PRESETS = dict(
                                                       "hc.one_stream_static", f"residual+max_iters={DECOMP_MATCHED}")
                               for base in ("residual", "hc")),
                           lead=("residual", "hc")),
+    # depth48_decomp's two further arms (#37, "if the budget allows"), pre-registered apart from its eleven
+    # contrasts so that its committed tests stand as they were: hc's read and write with no mixing at all
+    # (MIX = I), and hc on two streams; its residual and hc taken from it
+    depth48_streams=Preset(SWEEP_MODEL + ["--n_layer=48"], seeds="1337,1338,1339,1340,1341",
+                           learning_rates=(2e-3, 4e-3, 8e-3), baselines=("residual", "hc"),
+                           reuse=("depth48", "depth48_decomp"),
+                           variants={**topologies("residual", "hc", "hc.mix_identity"),
+                                     **with_setting("hc", "n_streams", 2)},
+                           contrasts=tuple((arm, base) for arm in ("hc.mix_identity", "hc+n_streams=2")
+                                           for base in ("residual", "hc")),
+                           lead=("residual", "hc")),
 )

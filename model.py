@@ -159,7 +159,7 @@ class GPT(nn.Module):
         an invertible P with equal singular values, 1 after a collapse to rank 1.
         Gated topologies also report, per sublayer, the mean gate, the fraction of
         gates below 0.01 (resets) and the fraction of gate logits the gate's clip
-        holds (GatedIHC.logits_clipped: their updates do not change the forward pass).
+        holds (where the gate before its clip leaves [0, 1]: updates there change nothing).
         """
         h = self.embed(idx)
         n = h.size(2)
@@ -177,7 +177,8 @@ class GPT(nn.Module):
                     g = topology.gate(logits)  # (B,T,n), or (B,T,1) for mean_gated_ihc
                     gate_mean.append(g.mean().item())
                     gate_resets.append((g < 0.01).float().mean().item())
-                    gate_clipped.append(topology.logits_clipped(logits).float().mean().item())
+                    f = topology.unclipped(logits)  # the clip holds where f leaves [0, 1]
+                    gate_clipped.append(((f < 0) | (f > 1)).float().mean().item())
                 h = topology(h, sublayer)
         singular = torch.linalg.svdvals(product)  # (B,T,n)
         total = singular.sum(-1, keepdim=True)
@@ -209,6 +210,10 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             block.compile(**options)
 
+    def gate_parameters(self):
+        """The gate logits' parameters (GatedIHC's gate_proj and gate_bias), [] if none."""
+        return [p for name, p in self.named_parameters() if name.endswith((".gate_proj", ".gate_bias"))]
+
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, gate_lr_mult=1.0):
         """AdamW; decayed: the projection matrices (Linear weights, embeddings, the
         topologies' W). Not decayed: biases, norms, and the topologies' static
@@ -218,8 +223,9 @@ class GPT(nn.Module):
         train.py multiplies its scheduled rate by."""
         params = {name: p for name, p in self.named_parameters() if p.requires_grad}
         decayed = lambda name, p: p.dim() >= 2 and "_static" not in name
-        gate = lambda name: name.endswith((".gate_proj", ".gate_bias"))
-        groups = [{"params": [p for name, p in params.items() if decayed(name, p) == decay and gate(name) == gated],
+        gate_ids = {id(p) for p in self.gate_parameters()}
+        groups = [{"params": [p for name, p in params.items() if decayed(name, p) == decay
+                              and (id(p) in gate_ids) == gated],
                    "weight_decay": weight_decay if decay else 0.0, "lr_mult": gate_lr_mult if gated else 1.0}
                   for gated in (False, True) for decay in (True, False)]
         groups = [group for group in groups if group["params"]]

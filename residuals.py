@@ -31,10 +31,8 @@ variants.py, a few lines each on top of these classes.
 from (not bundled); theory.py states and checks its theorems.
 
 Every op a topology calls through `ops` (stream_read, stream_write, sinkhorn,
-rms_projection, dynamic_read) is defined here as the reference. fused.py (the
-same ops with hand-written backwards, fast on a CPU) and kernels.py (Triton)
-implement the same signatures, and GPTConfig.kernels picks one of the three;
-tests.py checks each against these.
+rms_projection, dynamic_read) is here as the reference; fused.py (CPU backwards by
+hand) and kernels.py (Triton) implement the same signatures, tested against these.
 
 Dimension legend (used in every shape comment):
     B batch, T time (tokens), n streams, C channels per stream (n_embd),
@@ -254,10 +252,9 @@ def sinkhorn(logits, iters=20):
     then each column by its sum. Here in the log domain, where dividing a row by
     its sum is subtracting its logsumexp: float32 exp of raw logits overflows (or
     underflows to 0/0) once one matrix's logits span ~80, this never does.
-    Rows first, columns last, as both public implementations do; the mHC paper's Eq. 9
-    ends with rows. So the column sums are exact and the row sums (the forward gain) are
-    not: at 20 iterations they miss 1 by up to 4e-2 (1.2e-2 at the 99th percentile) over
-    1e6 random 4 x 4 logit matrices of std 2.
+    Rows first, columns last, as both public implementations do (the mHC paper's Eq. 9
+    ends with rows): the column sums are exact, the row sums (the forward gain) miss 1 by
+    up to 4e-2 at 20 iterations, over 1e6 random 4 x 4 logit matrices of std 2.
     (..., n, n) -> (..., n, n), float32 or wider"""
     L = float32_or_wider(logits)
     for _ in range(iters):
@@ -294,8 +291,7 @@ class ManifoldHCLite(DynamicStreams):
 
     def mix_bias(self, n):
         # -4 off the identity, as mhc, but over 23 other permutations (n = 4): H_ii = 0.768
-        # at step 0, against mhc's 0.948 (-5.8 would match it). Kept: the committed studies
-        # trained this start; so mhc against mhc_lite also compares 4.5x the step-0 mixing.
+        # at step 0, against mhc's 0.948, so mhc_lite starts with 4.5x mhc's mixing.
         bias = torch.full((math.factorial(n),), -4.0)
         bias[0] = 0.0  # itertools.permutations yields the identity first
         return bias
@@ -335,16 +331,14 @@ def stretch(u):
 
 class GatedIHC(DynamicStreams):
     """gated_ihc: MIX = diag(g), g = clip(stretch(u), 0, 1) in [0, 1]^n from the MIX
-    logits u: a forget gate per stream (seed 000 s.6). At step 0 every g is
-    gate_init, so MIX = 0.9 I: a residual network whose state shrinks by 0.9 at
-    each sublayer, not the plain one (its siblings below are, at any init)."""
+    logits u: a forget gate per stream (seed 000 s.6). At step 0 every g is gate_init:
+    MIX = 0.9 I shrinks the state at each sublayer (its siblings' step 0 is the residual)."""
     gate_init = 0.9
 
     def __init__(self, config, sublayer_index, ops):
         super().__init__(config, sublayer_index, ops)
-        # The gate logits' columns of W and entries of the bias as parameters of their
-        # own, so that train.py can give them a learning rate of their own
-        # (--gate_lr_mult): projection() joins them back, and the maths is unchanged.
+        # The gate logits' columns of W and entries of the bias as parameters of their own,
+        # for a rate of their own (--gate_lr_mult); projection() joins them: the same maths.
         W, bias, n = self.proj.detach(), self.bias.detach(), self.n
         self.proj, self.gate_proj = nn.Parameter(W[:, :2 * n].clone()), nn.Parameter(W[:, 2 * n:].clone())
         self.bias, self.gate_bias = nn.Parameter(bias[:2 * n].clone()), nn.Parameter(bias[2 * n:].clone())
@@ -359,20 +353,12 @@ class GatedIHC(DynamicStreams):
         """The gates g (B,T,n) from their logits u."""
         return stretch(u).clamp(0.0, 1.0)
 
+    unclipped = staticmethod(stretch)  # f(u), the gate before its clip (a form of variants.py has its own)
+
     @staticmethod
     def gate_logit(g):
         """The u whose gate is g: the init bias."""
         return torch.logit((g + 0.1) / 1.2)
-
-    @staticmethod
-    def unclipped(u):
-        """f(u), the gate before its clip."""
-        return stretch(u)
-
-    def logits_clipped(self, u):
-        """Where the gate's clip holds its logit: there an update changes nothing."""
-        f = self.unclipped(u)
-        return (f < 0) | (f > 1)
 
     def mix(self, res):
         return self.gate(res)  # diag(g), in stream_write's (B,T,n) form

@@ -177,7 +177,7 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, gate_lr_mult)
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
-gate_params = [p for name, p in model.named_parameters() if name.endswith((".gate_proj", ".gate_bias"))]
+gate_params = model.gate_parameters()  # gated topologies' gate logits (model.configure_optimizers)
 raw_model = model  # saved without the DDP wrapper
 if compile:
     model.compile_blocks()

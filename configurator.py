@@ -13,8 +13,9 @@ a file name (no leading --) is a Python file of plain assignments, run as code;
 --key=value is parsed as a Python literal (else a plain string) and must have
 the type of the default (an int is accepted for a float; a text setting takes
 the text as typed). check_ranges holds every numeric setting to its range, a
-comparison of x (its value) with numbers or other settings, before any work. A
-mistake is one line naming the setting and what is allowed, exit status 2.
+comparison of x (its value) with numbers or other settings, and check_choices a
+text setting to its allowed values, before any work. A mistake is one line
+naming the setting and what is allowed, exit status 2.
 """
 import math
 import re
@@ -88,3 +89,11 @@ def check_ranges(config, ranges):
         if not eval(rule, {**config, "x": value}):
             others = "".join(f" ({name} = {config[name]})" for name in re.findall(r"[a-z_]\w*", rule) if name in config)
             fail(f"--{key}={value}: must be {named}{others}")
+
+
+def check_choices(config, choices):
+    """Every setting in choices (setting -> its allowed values) one of them; the first
+    that is not is a one-line error listing them."""
+    for key, allowed in choices.items():
+        if config[key] not in allowed:
+            fail(f"unknown {key} '{config[key]}'; choose one of: {', '.join(allowed)}")

@@ -13,7 +13,7 @@ import pickle
 
 import torch
 
-from configurator import check_ranges, configure, fail
+from configurator import check_choices, check_ranges, configure, fail
 from model import GPT, KERNELS, GPTConfig, choose_device, load_checkpoint
 from prepare import DATA_DIR, gpt2_tokenizer
 
@@ -34,8 +34,7 @@ RANGES = dict(num_samples="x >= 1", max_new_tokens="x >= 1", temperature="x > 0"
 # -----------------------------------------------------------------------------
 configure(globals())
 check_ranges(globals(), RANGES)
-if kernels not in KERNELS:
-    fail(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
+check_choices(globals(), dict(kernels=KERNELS))
 try:
     device, device_type, dtype, autocast = choose_device(device, dtype)
 except ValueError as e:

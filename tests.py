@@ -1363,6 +1363,7 @@ def test_sample_checkpoints_with_settings_this_model_lacks_are_one_line_errors(t
     (["--temprature=0.5"], "unknown key 'temprature'; valid keys: out_dir, start"),
     (["--out_dir=no_such_run"], "no checkpoint at no_such_run/ckpt.pt"),
     (["--device=tpu"], "unknown device 'tpu'; choose auto, cpu, cuda, cuda:N or mps"),
+    (["--kernels=auto"], "unknown kernels 'auto'; choose one of: reference, fused, triton"),
 ])
 def test_sample_rejects_mistakes_in_one_line(args, message):
     status, _, stderr = run_in_this_process("sample.py", *args)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from configurator import check_ranges, config_keys, configure, fail
+from configurator import check_choices, check_ranges, config_keys, configure, fail
 from model import GPT, KERNELS, GPTConfig, check_config, choose_device, load_checkpoint, stream_ops
 from prepare import DATA_DIR, DATASETS, get_batch, prepare_dataset
 from residuals import GatedIHC
@@ -99,11 +99,8 @@ if "min_lr" not in user_set:
 check_ranges(globals(), RANGES)
 
 # --- check every setting before any work, so a mistake costs nothing --------
-choices = dict(residual=tuple(RESIDUALS), init_from=("scratch", "resume"), kernels=("auto", *KERNELS),
-               progress=("auto", "bar", "lines", "False"))
-for key, allowed in choices.items():
-    if globals()[key] not in allowed:
-        fail(f"unknown {key} '{globals()[key]}'; choose one of: {', '.join(allowed)}")
+check_choices(globals(), dict(residual=tuple(RESIDUALS), init_from=("scratch", "resume"),
+                              kernels=("auto", *KERNELS), progress=("auto", "bar", "lines", "False")))
 gated = issubclass(RESIDUALS[residual], GatedIHC)
 if gate_lr_mult != 1.0 and not gated:
     fail(f"gate_lr_mult: '{residual}' has no gates; it applies to "

@@ -73,9 +73,9 @@ class Block(nn.Module):
     def mlp_sublayer(self, x):
         return self.mlp(self.ln_2(x))
 
-    def forward(self, h):  # h (B,T,n,C)
-        h = self.attn_topology(h, self.attn_sublayer)
-        return self.mlp_topology(h, self.mlp_sublayer)
+    def forward(self, h, x0):  # h (B,T,n,C), x0 (B,T,C) the embedding
+        h = self.attn_topology(h, self.attn_sublayer, x0)
+        return self.mlp_topology(h, self.mlp_sublayer, x0)
 
 
 @dataclass
@@ -130,18 +130,22 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def embed(self, idx):
-        """Token + position embedding, as n equal streams: (B,T) -> (B,T,n,C)."""
+        """Token + position embedding x0 (B,T,C) from idx (B,T)."""
         B, T = idx.size()
         assert T <= self.config.block_size, f"sequence of {T} tokens is longer than block_size {self.config.block_size}"
         pos = torch.arange(0, T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B,T,C)
-        return x.unsqueeze(2).expand(B, T, self.config.n_streams, x.size(-1))
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+
+    def streams(self, x0):
+        """The residual state at the first Block: n equal copies of x0, (B,T,n,C)."""
+        return x0.unsqueeze(2).expand(*x0.shape[:2], self.config.n_streams, x0.size(-1))
 
     def residual_state(self, idx):
         """The residual state after the last Block: (B,T,n,C)."""
-        h = self.embed(idx)
+        x0 = self.embed(idx)
+        h = self.streams(x0)
         for block in self.transformer.h:
-            h = block(h)
+            h = block(h, x0)
         return h
 
     @torch.no_grad()
@@ -161,7 +165,8 @@ class GPT(nn.Module):
         gates below 0.01 (resets) and the fraction of gate logits the gate's clip
         holds (where the gate before its clip leaves [0, 1]: updates there change nothing).
         """
-        h = self.embed(idx)
+        x0 = self.embed(idx)
+        h = self.streams(x0)
         n = h.size(2)
         product = torch.eye(n, device=idx.device).expand(*h.shape[:2], n, n)  # (B,T,n,n)
         gate_mean, gate_resets, gate_clipped = [], [], []
@@ -179,7 +184,7 @@ class GPT(nn.Module):
                     gate_resets.append((g < 0.01).float().mean().item())
                     f = topology.unclipped(logits)  # the clip holds where f leaves [0, 1]
                     gate_clipped.append(((f < 0) | (f > 1)).float().mean().item())
-                h = topology(h, sublayer)
+                h = topology(h, sublayer, x0)
         singular = torch.linalg.svdvals(product)  # (B,T,n)
         total = singular.sum(-1, keepdim=True)
         rank = torch.special.entr(singular / total.clamp_min(1e-30)).sum(-1).exp()  # 1 to n; 0 for P = 0
@@ -214,20 +219,26 @@ class GPT(nn.Module):
         """The gate logits' parameters (GatedIHC's gate_proj and gate_bias), [] if none."""
         return [p for name, p in self.named_parameters() if name.endswith((".gate_proj", ".gate_bias"))]
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, gate_lr_mult=1.0):
+    def scale_parameters(self):
+        """Every sublayer's scale-like parameters, those its topology names in `scales`
+        (a gate's logits, a skip or branch scale, hc's statics), [] if none."""
+        return [getattr(topology, name) for block in self.transformer.h
+                for topology in (block.attn_topology, block.mlp_topology) for name in topology.scales]
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, scale_lr_mult=1.0):
         """AdamW; decayed: the projection matrices (Linear weights, embeddings, the
         topologies' W). Not decayed: biases, norms, and the topologies' static
         parameters (biases b_*, scales a_* / s, HC's static pre / post / A_r). The
-        gate logits' parameters (GatedIHC's gate_proj, gate_bias) get groups of their
-        own whose rate is gate_lr_mult times the rest's: each group's lr_mult, which
-        train.py multiplies its scheduled rate by."""
+        topologies' scales (scale_parameters) get groups of their own whose rate is
+        scale_lr_mult times the rest's: each group's lr_mult, which train.py
+        multiplies its scheduled rate by."""
         params = {name: p for name, p in self.named_parameters() if p.requires_grad}
         decayed = lambda name, p: p.dim() >= 2 and "_static" not in name
-        gate_ids = {id(p) for p in self.gate_parameters()}
+        scale_ids = {id(p) for p in self.scale_parameters()}
         groups = [{"params": [p for name, p in params.items() if decayed(name, p) == decay
-                              and (id(p) in gate_ids) == gated],
-                   "weight_decay": weight_decay if decay else 0.0, "lr_mult": gate_lr_mult if gated else 1.0}
-                  for gated in (False, True) for decay in (True, False)]
+                              and (id(p) in scale_ids) == scaled],
+                   "weight_decay": weight_decay if decay else 0.0, "lr_mult": scale_lr_mult if scaled else 1.0}
+                  for scaled in (False, True) for decay in (True, False)]
         groups = [group for group in groups if group["params"]]
         ids = [id(p) for group in groups for p in group["params"]]
         assert len(ids) == len(set(ids)) == len(params), "every parameter must be in exactly one optimizer group"

@@ -13,7 +13,8 @@ state to n streams and wrap every sublayer in four steps:
 
 The eight topologies differ only in where pre, post and MIX come from. They share
 one interface, `Topology(config, sublayer_index, ops)` with
-`forward(h, sublayer) -> h'`, and one lookup table, TOPOLOGIES, at the end.
+`forward(h, sublayer, x0) -> h'` (x0: the token embedding, which only a variant
+reads), and one lookup table, TOPOLOGIES, at the end.
 Each is written in its plainest form; the studies' variants of them (hc with
 part of its mixing taken away, other gates, ...) are named entries in
 variants.py, a few lines each on top of these classes.
@@ -80,11 +81,12 @@ class Residual(nn.Module):
     n_streams_allowed = (1, 1)  # inclusive range
     default_n_streams = 1
     settings = ()  # the GPTConfig settings it reads besides the model's size (model.check_config)
+    scales = ()  # its scale-like parameters, by name: they train at --scale_lr_mult times the rate
 
     def __init__(self, config, sublayer_index, ops):
         super().__init__()
 
-    def forward(self, h, sublayer):  # h (B,T,1,C)
+    def forward(self, h, sublayer, x0):  # h (B,T,1,C)
         return h + sublayer(h.squeeze(-2)).unsqueeze(-2)
 
     def mix_matrix(self, h):
@@ -118,6 +120,7 @@ class Streams(nn.Module):
     n_streams_allowed = (2, 8)
     default_n_streams = 4
     settings = ("alpha_init",)
+    scales = ()
 
     def mix_matrix(self, h):
         """The (B,T,n,n) matrix MIX applies to h, or None for the identity."""
@@ -138,7 +141,10 @@ class HyperConnection(Streams):
     The paper (and lucidrains' code) scales pre and A_r by one s_alpha; here s_pre and
     s_res are apart: a superset, the same function at init.
     Nothing bounds A_r: the composite gain of many layers can grow (see tests).
+    Its scales are the statics: at n = 1 they are a skip scale, a branch scale and a
+    read scale per sublayer.
     """
+    scales = ("pre_static", "post_static", "mix_static")
 
     def __init__(self, config, sublayer_index, ops):
         super().__init__()
@@ -160,7 +166,7 @@ class HyperConnection(Streams):
         pre, post, mix = (static + z).split([1, 1, self.n], -1)
         return pre.squeeze(-1), post.squeeze(-1), mix
 
-    def forward(self, h, sublayer):
+    def forward(self, h, sublayer, x0):
         pre, post, A_r = self.coefficients(h)
         x = self.ops.stream_read(h, pre)  # read
         y = sublayer(x)  # compute
@@ -240,7 +246,7 @@ class DynamicStreams(Streams):
         W, bias = self.projection()
         return dynamic_coefficients(h, W, self.alpha, self.groups, bias)
 
-    def forward(self, h, sublayer):
+    def forward(self, h, sublayer, x0):
         W, bias = self.projection()
         x, post, res = self.ops.dynamic_read(h, W, self.alpha, self.groups, bias)  # read
         y = sublayer(x)  # compute
@@ -332,13 +338,15 @@ def stretch(u):
 class GatedIHC(DynamicStreams):
     """gated_ihc: MIX = diag(g), g = clip(stretch(u), 0, 1) in [0, 1]^n from the MIX
     logits u: a forget gate per stream (seed 000 s.6). At step 0 every g is gate_init:
-    MIX = 0.9 I shrinks the state at each sublayer (its siblings' step 0 is the residual)."""
+    MIX = 0.9 I shrinks the state at each sublayer (its siblings' step 0 is the residual).
+    Its scales are the gate logits' parameters: a gate scales its stream."""
     gate_init = 0.9
+    scales = ("gate_proj", "gate_bias")
 
     def __init__(self, config, sublayer_index, ops):
         super().__init__(config, sublayer_index, ops)
         # The gate logits' columns of W and entries of the bias as parameters of their own,
-        # for a rate of their own (--gate_lr_mult); projection() joins them: the same maths.
+        # for a rate of their own (--scale_lr_mult); projection() joins them: the same maths.
         W, bias, n = self.proj.detach(), self.bias.detach(), self.n
         self.proj, self.gate_proj = nn.Parameter(W[:, :2 * n].clone()), nn.Parameter(W[:, 2 * n:].clone())
         self.bias, self.gate_bias = nn.Parameter(bias[:2 * n].clone()), nn.Parameter(bias[2 * n:].clone())

@@ -293,7 +293,7 @@ def test_residuals_hc_sends_stream_i_where_row_i_of_A_r_says():
     with torch.no_grad():
         topology.mix_static.copy_(A)  # W = 0: A_r is its static part
     h = torch.randn(2, 5, 3, 8, dtype=torch.float64)
-    out = topology(h, lambda x: torch.zeros_like(x))  # y = 0: only the mix
+    out = topology(h, lambda x: torch.zeros_like(x), None)  # y = 0: only the mix
     torch.testing.assert_close(out[:, :, 0], h[:, :, 0] + 2 * h[:, :, 1])
     torch.testing.assert_close(out[:, :, 1:], h[:, :, 1:])
 
@@ -364,7 +364,7 @@ def test_residuals_hc_computes_lucidrains_hyper_connections(weights):
         return write(sublayer(x, M, b)).view(B, n, T, C).transpose(1, 2)  # (B,n,T,C) -> (B,T,n,C)
 
     def our_step(h, M, b, **params):
-        return torch.func.functional_call(ours, lucidrains_hc_as_ours(params), (h, lambda x: sublayer(x, M, b)))
+        return torch.func.functional_call(ours, lucidrains_hc_as_ours(params), (h, lambda x: sublayer(x, M, b), None))
 
     inputs = dict(h=torch.randn(B, T, n, C, generator=gen, dtype=torch.float64),
                   M=torch.randn(C, C, generator=gen, dtype=torch.float64) / math.sqrt(C),
@@ -506,7 +506,7 @@ def test_model_every_topology_and_variant_starts_as_the_residual_network(name):
 
 @pytest.mark.parametrize("config, message", [
     (dict(residual="hc.mix_none"), "unknown residual 'hc.mix_none'; choose one of: residual, hc, mhc, mhc_lite, ihc, "
-                                   "gated_ihc, norm_gated_ihc, mean_gated_ihc, hc.mix_static, "),
+                                   "gated_ihc, norm_gated_ihc, mean_gated_ihc, residual.scaled, "),
     (dict(residual="ihc", n_streams=1), "residual 'ihc' needs n_streams from 2 to 8, got 1"),
     (dict(residual="mhc_lite", n_streams=6), "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
     (dict(residual="residual", alpha_init=0.1), "alpha_init: 'residual' does not use it; it applies to hc, mhc"),
@@ -670,10 +670,10 @@ def test_model_compile_blocks_compiles_one_block_for_every_layer(tmp_path):
 
 def test_model_optimizer_groups():
     model = GPT(tiny_config("hc"))
-    decay, no_decay = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu").param_groups
+    groups = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu").param_groups
     names = {id(p): n for n, p in model.named_parameters()}
-    decayed = {names[id(p)] for p in decay["params"]}
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    decayed = {names[id(p)] for group in groups if group["weight_decay"] for p in group["params"]}
+    assert {group["weight_decay"] for group in groups} == {0.1, 0.0}
     assert "transformer.h.0.attn.c_attn.weight" in decayed
     assert "transformer.h.0.attn_topology.proj" in decayed  # HC's W is a projection
     for static in ("mix_static", "pre_static", "post_static", "alpha"):
@@ -682,41 +682,46 @@ def test_model_optimizer_groups():
 
 
 ALL_GATED = [name for name, T in RESIDUALS.items() if issubclass(T, residuals.GatedIHC)]  # variants too
+SCALES = {  # each topology's scales, named here again: a gate's logits, a skip and branch scale, hc's statics
+    **{name: ("gate_proj", "gate_bias") for name in ALL_GATED},
+    **{name: ("pre_static", "post_static", "mix_static") for name, T in RESIDUALS.items()
+       if issubclass(T, residuals.HyperConnection)},
+    "residual.scaled": ("skip_scale", "branch_scale"), "residual.x0": ("skip_scale", "branch_scale", "x0_scale")}
 
 
-@pytest.mark.parametrize("name", ALL_GATED)
-def test_model_gate_logits_have_optimizer_groups_of_their_own(name):
-    """W_res's columns and b_res of every sublayer, and nothing else, train at gate_lr_mult times the rate."""
+@pytest.mark.parametrize("name", list(RESIDUALS))
+def test_model_scales_have_optimizer_groups_of_their_own(name):
+    """The topology's scales of every sublayer, and nothing else, train at scale_lr_mult times the rate."""
     model = GPT(tiny_config(name))
-    groups = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu", gate_lr_mult=4.0).param_groups
+    groups = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu", scale_lr_mult=4.0).param_groups
     names = {id(p): n for n, p in model.named_parameters()}
     multiplied = sorted(names[id(p)] for group in groups if group["lr_mult"] == 4.0 for p in group["params"])
     want = sorted(f"transformer.h.{layer}.{sub}_topology.{p}" for layer in range(2) for sub in ("attn", "mlp")
-                  for p in ("gate_proj", "gate_bias"))
+                  for p in SCALES.get(name, ()))
     assert multiplied == want and all(group["lr_mult"] in (1.0, 4.0) for group in groups)
 
 
-@pytest.mark.parametrize("name", ["gated_ihc", "gated_ihc.clip"])  # others' gates get no gradient on equal streams
-def test_model_gate_lr_mult_scales_only_the_gate_logits_step(name, tmp_path):
+@pytest.mark.parametrize("name", ["gated_ihc", "gated_ihc.clip", "residual.x0"])  # others' gates: no gradient at
+def test_model_scale_lr_mult_scales_only_the_scales_step(name, tmp_path):  # step 0, on equal streams
     """train.py's first AdamW step is lr * g / (|g| + eps) per element, the same
-    gradients at any --gate_lr_mult: at 4, the gate logits' parameters (W_res's
-    columns and b_res, decayed from 0 and not decayed) move exactly 4 times as far
-    as at 1, and every other parameter as far."""
+    gradients at any --scale_lr_mult: at 4, the scales (the gate logits' parameters,
+    W_res's columns and b_res, decayed from 0 and not decayed; residual.x0's three
+    scalars) move exactly 4 times as far as at 1, and every other parameter as far."""
     moved = {}
     for mult in (1, 4):
         out_dir = tmp_path / str(mult)
-        train_here(f"--residual={name}", f"--gate_lr_mult={mult}", "--max_iters=1", "--eval_interval=1",
+        train_here(f"--residual={name}", f"--scale_lr_mult={mult}", "--max_iters=1", "--eval_interval=1",
                    f"--out_dir={out_dir}", *TINY, "--warmup_iters=0", "--learning_rate=0.1")  # steps far above rounding
         torch.manual_seed(1337)  # train.py's seed: its model's init
         init = GPT(GPTConfig(**torch.load(out_dir / "ckpt.pt", weights_only=True)["model_args"])).state_dict()
         trained = torch.load(out_dir / "ckpt.pt", weights_only=True)["model"]
         moved[mult] = {k: trained[k] - init[k] for k in init}
-    gate = [k for k in moved[1] if k.endswith((".gate_proj", ".gate_bias"))]
-    assert len(gate) == 2 * 2 * 2, gate  # two per sublayer, 2 layers x 2 sublayers
+    scales = [k for k in moved[1] if k.endswith(tuple("." + p for p in SCALES[name]))]
+    assert len(scales) == 2 * 2 * len(SCALES[name]), scales  # per sublayer, 2 layers x 2 sublayers
     for k in moved[1]:
-        want = 4 * moved[1][k] if k in gate else moved[1][k]
+        want = 4 * moved[1][k] if k in scales else moved[1][k]
         torch.testing.assert_close(moved[4][k], want, rtol=1e-4, atol=1e-6, msg=lambda m: f"{k}: {m}")
-    assert all(moved[1][k].abs().max() > 1e-3 for k in gate), "the gates must move for the test to say anything"
+    assert all(moved[1][k].abs().max() > 1e-3 for k in scales), "the scales must move for the test to say anything"
 
 
 # --- the diagnostics: composite gain, effective rank, gates held by their clip
@@ -1042,6 +1047,28 @@ def test_train_metrics_rows_summarise_their_interval(tmp_path):
     assert {"train_loss", "val_loss", "gain_forward", "gate_mean"} <= set(evaluations[0])
 
 
+def test_train_final_evaluation_reads_every_validation_token_once(trained):
+    """The last evaluation's val_loss_full is the mean loss over the whole validation
+    split, computed here again from the checkpoint: every window of block_size tokens
+    and its next tokens, each token once; earlier evaluations have only the sampled
+    val_loss, whose batches leave most tokens out and so differ from it."""
+    checkpoint = torch.load(trained / "ckpt.pt", weights_only=True)
+    model = GPT(GPTConfig(**checkpoint["model_args"])).eval()
+    model.load_state_dict(checkpoint["model"])
+    block = checkpoint["model_args"]["block_size"]
+    data = np.fromfile(os.path.join(DATA_DIR, "shakespeare_char", "val.bin"), dtype=np.uint16).astype(np.int64)
+    windows = (len(data) - 1) // block
+    x = torch.from_numpy(data[:windows * block]).view(windows, block)
+    y = torch.from_numpy(data[1:windows * block + 1]).view(windows, block)
+    with torch.no_grad():
+        losses = torch.cat([F.cross_entropy(model(x[i:i + 512], y[i:i + 512])[0].flatten(0, 1),
+                                            y[i:i + 512].flatten(), reduction="none") for i in range(0, windows, 512)])
+    evaluations = metrics(trained)
+    assert "val_loss_full" not in evaluations[0] and evaluations[-1]["iter"] == checkpoint["iter_num"]
+    assert abs(evaluations[-1]["val_loss_full"] - losses.mean().item()) < 1e-5, (evaluations[-1], losses.mean())
+    assert abs(evaluations[-1]["val_loss_full"] - evaluations[-1]["val_loss"]) > 1e-4
+
+
 def test_train_gate_gradient_norm_is_logged_for_gated_topologies_only(tmp_path):
     """The gate logits' gradient norm at the first iteration (--log_interval=1). On
     the equal step-0 streams mean_gated_ihc's MIX = J + g (I - J) gives J h whatever
@@ -1116,7 +1143,7 @@ def test_train_min_lr_follows_the_learning_rate_unless_set(args, rates, monkeypa
     (["--max_iters=five"], "--max_iters=five: expected a value of type int"),
     (["--residual=mhc_lite", "--n_streams=6"], "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
     (["--residual=residual", "--n_streams=4"], "residual 'residual' needs n_streams exactly 1, got 4"),
-    (["--residual=ihc", "--gate_lr_mult=4"], "gate_lr_mult: 'ihc' has no gates; it applies to gated_ihc, "),
+    (["--residual=ihc", "--scale_lr_mult=4"], "scale_lr_mult: 'ihc' has no scales; it applies to hc, gated_ihc, "),
     (["--learning_rate=1e999"], "--learning_rate=inf: must be a finite number"),  # inside x > 0, but not a rate
 ])
 def test_train_rejects_bad_settings_in_one_line(args, message, tmp_path):
@@ -1898,7 +1925,8 @@ def test_kernels_training_with_triton_kernels_matches_fused(name, tmp_path):
     losses of the fused path."""
     common = [f"--residual={name}", "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--batch_size=2",
               "--block_size=16", "--n_layer=1", "--n_head=2", "--n_embd=32", "--device=cpu", "--progress=False",
-              "--warmup_iters=1"]  # one layer: both sublayers, half the interpreter's time
+              "--warmup_iters=1", "--eval_full=False"]  # one layer: both sublayers, half the interpreter's time;
+    # no pass over the whole validation split, ~100 times the interpreter's time of the rest
     train_here("--kernels=fused", f"--out_dir={tmp_path / 'fused'}", *common)
     env = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run([sys.executable, "train.py", "--kernels=triton", f"--out_dir={tmp_path / 'triton'}",
@@ -2215,7 +2243,7 @@ def test_variants_hc_and_ihc_variants_follow_their_equations(name, ops):
     M = torch.randn(8, 8, dtype=torch.float64)
     sublayer = lambda x: torch.tanh(x @ M)  # noqa: E731
     with torch.no_grad():
-        torch.testing.assert_close(topology(h, sublayer), written_out_step(topology, WRITTEN_OUT[name], h, sublayer),
+        torch.testing.assert_close(topology(h, sublayer, None), written_out_step(topology, WRITTEN_OUT[name], h, sublayer),
                                    rtol=1e-10, atol=1e-10)
 
 
@@ -2314,6 +2342,41 @@ def test_variants_gating_only_the_deviations_keeps_the_mean():
     I_minus_J = torch.eye(n, dtype=torch.float64) - J
     torch.testing.assert_close(residuals.stream_write(h, topology.mix(gates), *zeros),
                                (J + I_minus_J @ D @ I_minus_J) @ h, rtol=1e-5, atol=1e-5)  # c: norm + 1e-6
+
+
+@pytest.mark.parametrize("name", ["residual.scaled", "residual.x0"])
+def test_variants_residual_with_scales_follows_its_equation(name):
+    """x' = a x + b F(x) (+ l x0) with the variant's own a, b (and l) set to numbers of
+    their own: a scale that did not act, or acted on the wrong term, gives another sum."""
+    topology = standalone(name, n=1)
+    a, b, l = 0.7, -1.3, 2.5
+    with torch.no_grad():
+        topology.skip_scale.fill_(a), topology.branch_scale.fill_(b)
+        if name == "residual.x0":
+            topology.x0_scale.fill_(l)
+    h, x0 = torch.randn(2, 3, 1, 8, dtype=torch.float64), torch.randn(2, 3, 8, dtype=torch.float64)
+    M = torch.randn(8, 8, dtype=torch.float64)
+    sublayer = lambda x: torch.tanh(x @ M)  # noqa: E731
+    want = a * h[:, :, 0] + b * sublayer(h[:, :, 0]) + (l * x0 if name == "residual.x0" else 0)
+    torch.testing.assert_close(topology(h, sublayer, x0)[:, :, 0], want, rtol=1e-12, atol=1e-12)
+    product = torch.full((2, 3, 1, 1), a, dtype=torch.float64)
+    torch.testing.assert_close(topology.mix_matrix(h), product)  # the skip path's gain, which the diagnostics multiply
+
+
+def test_variants_bounded_norm_gate_amplifies_no_stream_and_still_resets():
+    """norm_gated_ihc.bounded's MIX is c(g) diag(g) / max(1, max_i c(g) g_i): gates with a
+    reset stream, which norm_gated_ihc amplifies (c g > 1 on the rest), amplify nothing;
+    the reset stream is still 0; and where no c g exceeds 1 it is norm_gated_ihc's MIX."""
+    bounded, free = standalone("norm_gated_ihc.bounded"), standalone("norm_gated_ihc")
+    logit = lambda g: bounded.gate_logit(torch.tensor(g, dtype=torch.float64))  # noqa: E731
+    reset = torch.stack([logit(0.0) - 1, logit(0.9), logit(0.9), logit(0.9)]).expand(2, 3, 4)  # g = (0, .9, .9, .9)
+    amplified = free.mix(reset)  # c = 2 / (0.9 sqrt 3): c g = 1.155 on the open streams
+    assert amplified[..., 1:].min() > 1.1 and amplified[..., 0].abs().max() == 0
+    torch.testing.assert_close(bounded.mix(reset), amplified / amplified.amax(-1, keepdim=True))
+    assert bounded.mix(reset)[..., 0].abs().max() == 0 and bounded.mix(reset).amax() <= 1
+    shrinking = logit(0.3).expand(2, 3, 4)  # every g = 0.3: c is capped at 2, so c g = 0.6, no amplification
+    torch.testing.assert_close(free.mix(shrinking), torch.full((2, 3, 4), 0.6, dtype=torch.float64))
+    torch.testing.assert_close(bounded.mix(shrinking), free.mix(shrinking))
 
 
 FINGERPRINT_SIZE = dict(n_layer=2, n_embd=16, n_head=2, block_size=8, vocab_size=64, dropout=0.0, kernels="reference")

@@ -35,6 +35,7 @@ from variants import RESIDUALS
 out_dir = ""  # "" means out-<residual>
 eval_interval = 250  # iterations between evaluations (and checkpoints)
 eval_iters = 50  # batches per split in estimate_loss (the same batches at every evaluation)
+eval_full = True  # the last evaluation also reads every validation token once (val_loss_full)
 log_interval = 10  # iterations between progress reports (and, on a GPU, between reads of the loss)
 always_save_checkpoint = True  # False: save only when val loss improves
 init_from = "scratch"  # scratch or resume (from out_dir/ckpt.pt)
@@ -65,7 +66,7 @@ decay_lr = True  # False: learning_rate throughout
 warmup_iters = 100  # linear warmup from 0
 lr_decay_iters = 0  # 0: max_iters
 min_lr = 4e-4  # unless set, a tenth of learning_rate (nanoGPT's ratio), so the schedule keeps its shape
-gate_lr_mult = 1.0  # gated topologies: the gate logits' parameters train at this times the rate
+scale_lr_mult = 1.0  # the topology's scales (its `scales`: gate logits, skip and branch scales) train at this x the rate
 # system
 device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
@@ -81,7 +82,7 @@ RANGES = dict(
     batch_size="x >= 1", block_size="x >= 1",  # shorter than the validation split, checked with the data
     n_layer="x >= 1", n_head="x >= 1", n_embd="x >= 1", dropout="0 <= x < 1",  # n_head divides n_embd: check_config
     n_streams="x >= 0", alpha_init="x >= 0", sinkhorn_iters="x >= 1",  # each topology's n: check_config
-    learning_rate="x > 0", gate_lr_mult="x > 0", max_iters="x >= 1", weight_decay="x >= 0", beta1="0 <= x < 1",
+    learning_rate="x > 0", scale_lr_mult="x > 0", max_iters="x >= 1", weight_decay="x >= 0", beta1="0 <= x < 1",
     beta2="0 <= x < 1", grad_clip="x >= 0", warmup_iters="x >= 0", lr_decay_iters="x >= 0",
     min_lr="0 <= x <= learning_rate", seed="0 <= x < 2**32",  # numpy's seeds; torch overflows past 2^64
 )
@@ -102,9 +103,9 @@ check_ranges(globals(), RANGES)
 check_choices(globals(), dict(residual=tuple(RESIDUALS), init_from=("scratch", "resume"),
                               kernels=("auto", *KERNELS), progress=("auto", "bar", "lines", "False")))
 gated = issubclass(RESIDUALS[residual], GatedIHC)
-if gate_lr_mult != 1.0 and not gated:
-    fail(f"gate_lr_mult: '{residual}' has no gates; it applies to "
-         + ", ".join(name for name, T in RESIDUALS.items() if issubclass(T, GatedIHC)))
+if scale_lr_mult != 1.0 and not RESIDUALS[residual].scales:
+    fail(f"scale_lr_mult: '{residual}' has no scales; it applies to "
+         + ", ".join(name for name, T in RESIDUALS.items() if T.scales))
 ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun?
 rank, local_rank, world_size = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
 master = rank == 0
@@ -171,7 +172,7 @@ if checkpoint is not None:
     data_rng.set_state(checkpoint["data_rng_state"])
 model.to(device)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, gate_lr_mult)
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, scale_lr_mult)
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
 gate_params = model.gate_parameters()  # gated topologies' gate logits (model.configure_optimizers)
@@ -218,11 +219,37 @@ def estimate_loss():
             torch.distributed.all_reduce(losses)  # a sum: gloo has no average
             losses /= world_size
         out[split] = losses.mean().item()
+    if eval_full and iter_num == max_iters:  # the run's final number: every token once, not a sample
+        out["val_full"] = whole_split_loss("val")
+        if out["val_full"] is None:
+            return None
     X, _ = next_batch("val", torch.Generator().manual_seed(seed + 2))
     with autocast:
         out["diagnostics"] = raw_model.diagnostics(X)
     model.train()
     return out
+
+
+@torch.no_grad()
+def whole_split_loss(split):
+    """The mean loss over every token of a split, predicted once each in consecutive windows of
+    block_size (a window's first tokens see a short context): estimate_loss's eval_iters random
+    batches carry a sampling error as large as a seed's spread; this has none. None on a signal."""
+    data = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
+    windows = torch.from_numpy(data[:(len(data) - 1) // block_size * block_size + 1].astype(np.int64))
+    starts = range(rank * batch_size * block_size, len(windows) - 1, world_size * batch_size * block_size)
+    total = torch.zeros(2, device=device)  # the sum of the token losses, the number of tokens
+    for start in starts:  # this rank's batches of windows; the ranks' sums are added below
+        if received:
+            return None
+        chunk = windows[start:min(start + batch_size * block_size, len(windows) - 1) + 1]
+        X, Y = chunk[:-1].view(-1, block_size).to(device), chunk[1:].view(-1, block_size).to(device)
+        with autocast:
+            _, loss = model(X, Y)
+        total += torch.stack([loss.float() * Y.numel(), torch.tensor(float(Y.numel()), device=device)])
+    if ddp:
+        torch.distributed.all_reduce(total)
+    return (total[0] / total[1]).item()
 
 
 def get_lr(it):
@@ -299,7 +326,7 @@ evaluated = mark = (time.time(), iter_num)  # the last evaluation's end, the las
 while not received:
     lr = get_lr(iter_num) if decay_lr else learning_rate
     for group in optimizer.param_groups:
-        group["lr"] = lr * group["lr_mult"]  # the gate logits' groups: gate_lr_mult
+        group["lr"] = lr * group["lr_mult"]  # the scales' groups: scale_lr_mult
     if iter_num % eval_interval == 0 or iter_num == max_iters:
         read_losses(interval)  # a diverged model is neither evaluated nor saved; on a GPU, waits for the device
         iters, dt = iter_num - evaluated[1], time.time() - evaluated[0]
@@ -308,10 +335,12 @@ while not received:
         if losses is None:  # abandoned for a signal
             break
         if master:
-            log_metrics(dict(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"], lr=lr,
+            whole = dict(val_loss_full=losses["val_full"]) if "val_full" in losses else {}
+            log_metrics(dict(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"], **whole, lr=lr,
                              tokens_per_sec=tokens_per_sec, elapsed_s=time.time() - started, **losses["diagnostics"]))
-            bar.write(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
-                      f"{tokens_per_sec:,.0f} tokens/s")
+            bar.write(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+                      + (f" (the whole split: {whole['val_loss_full']:.4f})" if whole else "")
+                      + f", {tokens_per_sec:,.0f} tokens/s")
             if losses["val"] < best_val_loss or always_save_checkpoint:
                 best_val_loss = min(best_val_loss, losses["val"])
                 if iter_num > start_iter:  # something new to save (a resumed run starts from its checkpoint)

@@ -15,9 +15,47 @@ RESIDUALS, at the end, is every name --residual takes: the eight topologies,
 then these.
 """
 import torch
+import torch.nn as nn
 
-from residuals import (TOPOLOGIES, GatedIHC, HyperConnection, IdentityHC, NormGatedIHC, float32_or_wider,
-                       read_weights_init, rms_projection, stretch)
+from residuals import (TOPOLOGIES, GatedIHC, HyperConnection, IdentityHC, NormGatedIHC, Residual,
+                       float32_or_wider, read_weights_init, rms_projection, stretch)
+
+# -----------------------------------------------------------------------------
+# The residual given the tools its rivals have (the depth48_tools study): learned
+# scales on its skip and its branch, as hc on one stream learns them, and the
+# embedding fed to every sublayer, as the strongest small-GPT baselines do
+# (modded-nanogpt, nanochat). Every scale starts where the residual network is.
+
+
+class ResidualScaled(Residual):
+    """residual.scaled: x' = a x + b F(x), a and b learned scalars per sublayer, from 1
+    (the LayerScale / SkipInit / DeepNorm family; hc.one_stream_static without its
+    read scale)."""
+    scales = ("skip_scale", "branch_scale")
+
+    def __init__(self, config, sublayer_index, ops):
+        super().__init__(config, sublayer_index, ops)
+        self.skip_scale, self.branch_scale = nn.Parameter(torch.ones(())), nn.Parameter(torch.ones(()))
+
+    def forward(self, h, sublayer, x0):  # h (B,T,1,C)
+        return self.skip_scale * h + self.branch_scale * sublayer(h.squeeze(-2)).unsqueeze(-2)
+
+    def mix_matrix(self, h):
+        return self.skip_scale.expand(*h.shape[:2], 1, 1)  # (B,T,1,1): the skip path's gain
+
+
+class ResidualX0(ResidualScaled):
+    """residual.x0: x' = a x + b F(x) + l x0, x0 the token embedding and l a learned
+    scalar per sublayer from 0 (modded-nanogpt's and nanochat's x0 lambdas)."""
+    scales = ResidualScaled.scales + ("x0_scale",)
+
+    def __init__(self, config, sublayer_index, ops):
+        super().__init__(config, sublayer_index, ops)
+        self.x0_scale = nn.Parameter(torch.zeros(()))
+
+    def forward(self, h, sublayer, x0):  # x0 (B,T,C)
+        return super().forward(h, sublayer, x0) + self.x0_scale * x0.unsqueeze(-2)
+
 
 # -----------------------------------------------------------------------------
 # hc's mixing, taken apart (the hc_ablation and hc_sign_gain studies). Read and
@@ -121,7 +159,7 @@ class HCStyleIHC(IdentityHC):
     """ihc with its coefficients computed by `coefficients` (which a variant
     overrides) rather than by the fused dynamic_read."""
 
-    def forward(self, h, sublayer):
+    def forward(self, h, sublayer, x0):
         pre, post, res = self.coefficients(h)
         y = sublayer(self.ops.stream_read(h, pre))  # read, compute
         return self.ops.stream_write(h, self.mix(res), post, y)  # mix and write
@@ -268,6 +306,15 @@ class NormGatedIHCClipDeviations(NormGatedIHCClip):
         return 1.0 / self.n + (I_minus_J * d.unsqueeze(-2)) @ I_minus_J  # (I - J) D: columns scaled; (B,T,n,n)
 
 
+class NormGatedIHCBounded(NormGatedIHC):
+    """norm_gated_ihc.bounded: c(g) diag(g) divided by max(1, max_i c(g) g_i): no
+    stream is amplified (the composite gain stays <= 1), while a gate still reaches 0
+    and resets its stream: the gate's resets without its amplification."""
+
+    def mix(self, res):
+        return bounded(super().mix(res))
+
+
 class NormGatedIHCAnchor(NormGatedIHC):
     """norm_gated_ihc.anchor: stream 0's gate always 1, so one stream is never reset.
     Its gates are then unequal at step 0 (1 and 0.9): it starts near, not at, the
@@ -279,6 +326,8 @@ class NormGatedIHCAnchor(NormGatedIHC):
 
 
 VARIANTS = {
+    "residual.scaled": ResidualScaled,
+    "residual.x0": ResidualX0,
     "hc.mix_static": HCMixStatic,
     "hc.mix_diagonal": HCMixDiagonal,
     "hc.mix_identity": HCMixIdentity,
@@ -300,5 +349,6 @@ VARIANTS = {
     "norm_gated_ihc.clip_init0.9": NormGatedIHCClipInit09,
     "norm_gated_ihc.clip_deviations": NormGatedIHCClipDeviations,
     "norm_gated_ihc.anchor": NormGatedIHCAnchor,
+    "norm_gated_ihc.bounded": NormGatedIHCBounded,
 }
 RESIDUALS = {**TOPOLOGIES, **VARIANTS}

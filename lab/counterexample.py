@@ -126,7 +126,7 @@ class CounterexampleNet(nn.Module):
     def forward(self, x):
         h = self.state0(x)
         for l, topology in enumerate(self.topologies):
-            h = topology(h, self.block(l))
+            h = topology(h, self.block(l), None)  # no topology here reads the embedding x0
         return h[:, 0, :, 0] @ self.head  # (B,2) @ (2,)
 
     def carry(self, x):

@@ -13,6 +13,7 @@ metrics.jsonl. A preset fixes train.py's arguments for every run, its variants
     python -m lab.compare --preset=depth_long  # CPU: the depth model for 3000 iterations, 4 variants x 3 seeds (~100 min)
     python -m lab.compare --preset=depth_tuned  # CPU: the depth study with every variant at its own best learning rate
     python -m lab.compare --preset=depth48_long  # CPU: residual and hc at 48 x 64 for 2000 iterations (~80 min)
+    python -m lab.compare --preset=depth48_tools --commit=True  # CPU: the residual with the field's tools (hours)
     python -m lab.compare --variants=mhc --seeds=1337 --runs_dir=/tmp/rerun --results_dir=/tmp/rerun-results
 
 Each run is `python train.py <preset's arguments> <--train_args> <variant's arguments>
@@ -24,8 +25,10 @@ Nothing is lost: a finished run is not trained again, an interrupted one (Ctrl-C
 a crash, a reboot) resumes from its last checkpoint when the command is rerun,
 and a run directory made with other settings is an error, never mixed in. Each
 finished run's metrics and arguments also go to results_dir at once (metrics/ and
-progress.json), so a study longer than a machine's life outlives it: commit them,
-and the same command on a fresh clone trains only the runs not recorded there.
+progress.json), so a study longer than a machine's life outlives it: commit them
+(--commit=True commits each as it ends), and the same command on a fresh clone
+trains only the runs not recorded there. A preset may take every run from one CPU
+(CPUs round float32 differently): a call on another is then an error.
 
 A preset with a learning-rate grid compares fairly: each variant first trains at
 every rate of the grid on the tuning seed, a seed the comparison does not use; its
@@ -36,7 +39,9 @@ the comparison's seeds train each variant at its chosen rate. min_lr, where the
 cosine schedule ends, follows the rate at a tenth of it (nanoGPT's 1e-3 and 1e-4
 have the same ratio), so every rate gets the same schedule's shape. A preset
 without a grid trains every variant at its one rate, 1e-3 unless it says; every
-run is given its rate, so no record depends on train.py's default.
+run is given its rate, so no record depends on train.py's default. A preset with a
+grid of --scale_lr_mult then tunes each variant with scales (the topology's
+`scales`) over it, at the variant's chosen rate, the same way.
 
 Writes to results_dir: results.md (the table, the command, the machine),
 val_loss.png, gain.png, grad_norm.png, gates.png (gated variants only), and
@@ -68,20 +73,24 @@ from configurator import check_ranges, configure, fail
 from lab.presets import PRESETS
 from lab.plot import draw, read_metrics
 from lab.stats import holm, mean_std, paired, paired_cell, ratio_of_means
+from variants import RESIDUALS
 
 
 class Run(NamedTuple):
-    """One train.py run: a variant, a seed and its learning rate."""
+    """One train.py run: a variant, a seed, its learning rate and, where the preset
+    tunes it, its scales' multiplier (--scale_lr_mult)."""
     label: str
     seed: int
     rate: float
     tuning: bool = False  # a run of the grid on the tuning seed
+    mult: float = None  # --scale_lr_mult; None: train.py's (or the variant's own)
 
     @property
     def name(self):  # its run directory's and metrics file's name: under the label it was recorded with
         stem = PRESET.recorded_as.get(self.label, self.label)
+        mult = "" if self.mult is None else f"-m{self.mult:g}"
         if self.tuning:
-            return os.path.join("tuning", f"{stem}-lr{self.rate:g}-s{self.seed}")
+            return os.path.join("tuning", f"{stem}-lr{self.rate:g}{mult}-s{self.seed}")
         return f"{stem}-s{self.seed}"
 
 
@@ -91,7 +100,7 @@ ROOT = os.path.dirname(HERE)  # the tutorial: train.py, config/
 
 preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long, depth_tuned, depth6,
 # depth24, depth48, depth48_long, cpu_tuned, gate_lr, gate_lr48, gate_lr48_5seeds, depth48_decomp,
-# depth48_streams
+# depth48_streams, depth48_tools
 variants = "all"  # comma-separated labels of the preset's variants, or all
 seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
 train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"
@@ -103,6 +112,7 @@ runs_dir = ""  # "" means compare-<preset>
 results_dir = ""  # "" means lab/results/<preset>
 train = True  # False: only redraw the table and plots from <results_dir>/metrics
 progress = "auto"  # auto: a bar if stderr is a terminal, else a line per finished run (as train.py); bar; lines
+commit = False  # True: git-commit results_dir after each finished run (a study longer than a session)
 # Every numeric setting's allowed values, x its value (configurator.check_ranges); 0 means what its comment says
 RANGES = dict(tuning_seed="0 <= x < 2**32", extend="x >= 0", jobs="x >= 0")  # seeds as train.py's
 configure(globals())
@@ -142,10 +152,10 @@ metrics_dir = os.path.join(results_dir, "metrics")
 progress_path = os.path.join(results_dir, "progress.json")  # an unfinished study's record: run.json replaces it
 
 
-def comparison_runs(chosen):
+def comparison_runs(chosen, mults):
     """Every variant at every seed, seed-major (a stopped comparison has whole seeds),
-    at its chosen rate: {label: rate}."""
-    return [Run(label, seed, chosen[label]) for seed in seed_list for label in labels]
+    at its chosen rate {label: rate} and multiplier {label: multiplier or None}."""
+    return [Run(label, seed, chosen[label], mult=mults.get(label)) for seed in seed_list for label in labels]
 
 
 def run_dir(run):
@@ -158,10 +168,25 @@ def rate_arguments(rate):
     return [] if rate is None else [f"--learning_rate={rate:g}", f"--min_lr={rate / 10:g}"]
 
 
+def mult_arguments(mult):
+    """A run's --scale_lr_mult where the preset tunes it; None: none (train.py's 1, or the variant's own)."""
+    return [] if mult is None else [f"--scale_lr_mult={mult:g}"]
+
+
 def train_arguments(run):
     """train.py's arguments for one run; run.json keeps them to recognise the run."""
-    return PRESET.args + shlex.split(train_args) + PRESET.variants[run.label] + rate_arguments(run.rate) + [
-        f"--seed={run.seed}", f"--out_dir={run_dir(run)}", "--progress=False"]
+    return PRESET.args + shlex.split(train_args) + PRESET.variants[run.label] + rate_arguments(run.rate) + (
+        mult_arguments(run.mult) + [f"--seed={run.seed}", f"--out_dir={run_dir(run)}", "--progress=False"])
+
+
+RENAMED = {"--gate_lr_mult=": "--scale_lr_mult="}  # a setting's name in committed records -> train.py's today
+
+
+def todays_spelling(arguments):
+    """A run's arguments as train.py takes them today: a record keeps the names of its
+    day (the gate studies' --gate_lr_mult is --scale_lr_mult, the same parameters)."""
+    return [next((new + arg[len(old):] for old, new in RENAMED.items() if arg.startswith(old)), arg)
+            for arg in arguments]
 
 
 def run_state(out_dir, arguments):
@@ -193,23 +218,33 @@ def last_line(out_dir):
     return lines[-1] if lines else "no output"
 
 
-def write_run_info(out_dir, arguments, finished, reused=None):
+def write_run_info(out_dir, arguments, finished, reused=None, cpu=None):
+    """<out_dir>/run.json: the run's arguments, whether it ended, where its metrics were
+    taken from if it was not trained here, and the processor that trained it."""
     with open(os.path.join(out_dir, "run.json"), "w") as f:
-        json.dump(dict(arguments=arguments, finished=finished, **({"reused": reused} if reused else {})), f)
+        json.dump(dict(arguments=arguments, finished=finished, **({"reused": reused} if reused else {}),
+                       **({"cpu": cpu} if cpu else {})), f)
+
+
+def run_cpu(run):
+    """The processor that trained a finished run, as its run directory records it; None if unrecorded."""
+    path = os.path.join(run_dir(run), "run.json")
+    return json.load(open(path)).get("cpu") if os.path.exists(path) else None
 
 
 def committed_twin(run):
-    """The metrics file, relative to results/, of a run of one of the preset's `reuse`
+    """(the metrics file, relative to results/, of a run of one of the preset's `reuse`
     studies that was trained with this run's arguments but for its out_dir (the same
-    model, data, schedule, rate and seed); None if there is none."""
+    model, data, schedule, rate and seed), the processor that study records for it);
+    (None, None) if there is none."""
     want = [arg for arg in train_arguments(run) if not arg.startswith("--out_dir=")]
     for study in PRESET.reuse:
         with open(os.path.join(HERE, "results", study, "run.json")) as f:
             info = json.load(f)
         for name, arguments in {**info["runs"], **info.get("respelled", {})}.items():
             if [arg for arg in arguments if not arg.startswith("--out_dir=")] == want:
-                return os.path.join(study, "metrics", name + ".jsonl")
-    return None
+                return os.path.join(study, "metrics", name + ".jsonl"), info.get("cpus", {}).get(name)
+    return None, None
 
 
 def reused_from(run):
@@ -228,16 +263,17 @@ def read_progress():
 
 
 def recorded_run(run, arguments):
-    """The metrics file of this run if progress.json records it finished (a fresh clone of
-    a study trained partly elsewhere), else None; recorded with other arguments: an error.
-    --out_dir aside, which names where it ran, not what."""
-    recorded = read_progress()["runs"].get(run.name)
+    """(the metrics file of this run, its processor) if progress.json records it finished
+    (a fresh clone of a study trained partly elsewhere), else (None, None); recorded with
+    other arguments: an error. --out_dir aside, which names where it ran, not what."""
+    progress = read_progress()
+    recorded = progress["runs"].get(run.name)
     if recorded is None:
-        return None
+        return None, None
     if [a for a in recorded if not a.startswith("--out_dir=")] != [a for a in arguments if not a.startswith("--out_dir=")]:
         fail(f"{progress_path} records {run.name} trained with other arguments ({shlex.join(recorded)}); "
              f"use another --results_dir")
-    return os.path.join(metrics_dir, run.name + ".jsonl")
+    return os.path.join(metrics_dir, run.name + ".jsonl"), progress.get("cpus", {}).get(run.name)
 
 
 def record_progress(out_dir, arguments, calls):
@@ -248,9 +284,25 @@ def record_progress(out_dir, arguments, calls):
     shutil.copyfile(os.path.join(out_dir, "metrics.jsonl"), os.path.join(metrics_dir, name + ".jsonl"))
     progress = read_progress()
     progress["calls"], progress["runs"][name] = calls, arguments
+    progress.setdefault("cpus", {})[name] = CPU
     with open(progress_path + ".tmp", "w") as f:
         json.dump(progress, f, indent=1)
     os.replace(progress_path + ".tmp", progress_path)
+    if commit:
+        commit_results(f"{preset}: {name} trained, {len(progress['runs'])} runs recorded")
+
+
+def commit_results(message):
+    """git-commit results_dir as it stands (--commit=True): what a study has done is in
+    the repository's history the moment it is done. A commit that fails (another git
+    command holds the index, a merge is under way) is a warning: the next one takes
+    everything along."""
+    try:
+        for command in (["add", "--all", "--", "."], ["commit", "--quiet", "-m", message, "--", "."]):
+            subprocess.run(["git", *command], cwd=results_dir, check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"warning: could not commit {results_dir} ({getattr(e, 'stderr', '') or e}); the next commit "
+              f"takes it along", flush=True)
 
 
 def dead_lock_holder(path):
@@ -295,20 +347,26 @@ def train_all():
     first (if the preset has one), then the comparison at the chosen rates. Ctrl-C or
     SIGTERM: the running ones save a checkpoint and stop; the next call resumes them."""
     started = time.time()
+    others = sorted(set(read_progress().get("cpus", {}).values()) - {CPU}) if PRESET.one_cpu else []
+    if others:  # before this call is on record: it trains nothing
+        fail(f"--preset={preset} trains every run on one CPU, and {progress_path} records runs trained on "
+             f"{', '.join(others)}; this machine is {CPU}: train the rest there")
     record_call(0, new_call=True)  # on record from its start: a call killed outright keeps what it got done
-    losses = tune(lambda runs: train_runs(runs, "tuning", started), runs_dir)
-    runs = comparison_runs(choices(losses))
+    losses, mults = tune(lambda runs: train_runs(runs, "tuning", started), runs_dir)
+    runs = comparison_runs(choices(losses), mult_choices(mults))
     train_runs(runs, "runs", started)
-    for run in tuning_runs(losses) + runs:
+    every_run = tuning_runs(losses, mults) + runs
+    for run in every_run:
         os.makedirs(os.path.dirname(os.path.join(metrics_dir, run.name)), exist_ok=True)
         shutil.copyfile(os.path.join(run_dir(run), "metrics.jsonl"), os.path.join(metrics_dir, run.name + ".jsonl"))
     with open(os.path.join(results_dir, "run.json"), "w") as f:  # the study's record: --train=False keeps it
         json.dump(dict(calls=record_call(time.time() - started), jobs=jobs,
                        machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
                                f"Python {platform.python_version()}, torch {torch.__version__}",
-                       runs={run.name: train_arguments(run) for run in tuning_runs(losses) + runs},
-                       **reused_record(tuning_runs(losses) + runs),
-                       **(dict(tuning_seed=tuning_seed, grid_losses=losses, chosen=choices(losses)) if grid else {})),
+                       runs={run.name: train_arguments(run) for run in every_run},
+                       **reused_record(every_run), **cpus_record(every_run),
+                       **(dict(tuning_seed=tuning_seed, grid_losses=losses, chosen=choices(losses)) if grid else {}),
+                       **(dict(scale_lr_mult_losses=mults, chosen_scale_lr_mult=mult_choices(mults)) if mults else {})),
                   f, indent=1)
     if os.path.exists(progress_path):  # run.json holds it all now
         os.remove(progress_path)
@@ -320,6 +378,13 @@ def reused_record(runs):
     return {"reused": reused} if reused else {}
 
 
+def cpus_record(runs):
+    """{"cpus": {run name: the processor that trained it}} where every run records one, else {}
+    (a run taken from a study that did not record its processor)."""
+    cpus = {run.name: run_cpu(run) for run in runs}
+    return {"cpus": cpus} if all(cpus.values()) else {}
+
+
 def train_runs(runs, desc, started):
     """Train the runs not finished yet, `jobs` at a time; exit (1) naming any run
     that stopped before its end, after the others have saved."""
@@ -327,20 +392,21 @@ def train_runs(runs, desc, started):
     for run in runs:
         arguments, out_dir = train_arguments(run), run_dir(run)
         state = run_state(out_dir, arguments)
-        twin = committed_twin(run) if state == "new" else None
-        earlier = recorded_run(run, arguments) if state == "new" and not twin else None
+        twin, twin_cpu = committed_twin(run) if state == "new" else (None, None)
+        earlier, earlier_cpu = recorded_run(run, arguments) if state == "new" and not twin else (None, None)
         if twin:  # a committed run of the same arguments: its metrics, not a second training
             os.makedirs(out_dir, exist_ok=True)
             shutil.copyfile(os.path.join(HERE, "results", twin), os.path.join(out_dir, "metrics.jsonl"))
-            write_run_info(out_dir, arguments, finished=True, reused=twin)
+            write_run_info(out_dir, arguments, finished=True, reused=twin, cpu=twin_cpu)
             taken += 1
         elif earlier:  # this study's own run, finished in an earlier call on another machine
             os.makedirs(out_dir, exist_ok=True)
             shutil.copyfile(earlier, os.path.join(out_dir, "metrics.jsonl"))
-            write_run_info(out_dir, arguments, finished=True)
+            write_run_info(out_dir, arguments, finished=True, cpu=earlier_cpu)
             recorded += 1
         elif state != "done":
             pending.append((out_dir, arguments, state == "resume"))
+
     print(f"{desc}: {len(runs) - len(pending)} of {len(runs)} runs already finished in {runs_dir}"
           + (f" ({taken} taken from results/: {', '.join(PRESET.reuse)})" if taken else "")
           + (f" ({recorded} recorded in {progress_path})" if recorded else "")
@@ -364,7 +430,7 @@ def train_runs(runs, desc, started):
                 out_dir, arguments, resume = pending.pop(0)
                 os.makedirs(out_dir, exist_ok=True)
                 write_run_info(out_dir, arguments, finished=False)
-                command = [sys.executable, os.path.join(ROOT, "train.py"), *arguments]
+                command = [sys.executable, os.path.join(ROOT, "train.py"), *todays_spelling(arguments)]
                 command += ["--init_from=resume"] if resume else []
                 with open(os.path.join(out_dir, "train.log"), "a" if resume else "w") as log:
                     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -376,7 +442,7 @@ def train_runs(runs, desc, started):
                     continue
                 del running[out_dir]
                 if process.returncode == 0:
-                    write_run_info(out_dir, arguments, finished=True)
+                    write_run_info(out_dir, arguments, finished=True, cpu=CPU)
                     bar.update(1)
                     finished += 1
                     record_progress(out_dir, arguments, record_call(time.time() - started))
@@ -384,7 +450,7 @@ def train_runs(runs, desc, started):
                         print(f"{desc}: run {finished} of {total} finished: {os.path.relpath(out_dir, runs_dir)} "
                               f"({(time.time() - started) / 60:.1f} min into this call)", flush=True)
                 elif desc == "tuning" and diverged(out_dir):  # that rate's result: the grid goes on
-                    write_run_info(out_dir, arguments, finished=True)
+                    write_run_info(out_dir, arguments, finished=True, cpu=CPU)
                     record_progress(out_dir, arguments, record_call(time.time() - started))
                     bar.update(1)
                     finished += 1
@@ -404,30 +470,60 @@ def train_runs(runs, desc, started):
 
 
 def tune(train, source):
-    """{label: {rate: final val loss on the tuning seed}}, the grid's runs trained by
-    train(runs) and read from source (runs_dir, or metrics_dir to redraw); {} without
-    a grid. A variant whose best rate is an end of its grid gets one more rate beyond
-    that end, at the grid's ratio there, up to `extend` times. Only the tuning seed's
-    runs are read: no comparison seed can move a choice."""
+    """(rates, multipliers): {label: {rate: final val loss on the tuning seed}} and, for
+    a preset with a scale_lr_mults grid, {label: {multiplier: that loss}} for each variant
+    with scales, the runs trained by train(runs) and read from source (runs_dir, or
+    metrics_dir to redraw); ({}, {}) without a grid. First each variant's rate, its
+    scales at the middle multiplier; then, at that rate, its multiplier. Only the tuning
+    seed's runs are read: no comparison seed can move a choice."""
     if not grid:
-        return {}
+        return {}, {}
     tuned = dict.fromkeys(PRESET.rates_from.get(label, label) for label in labels)  # in order, once each
-    rates = {label: list(grid) for label in tuned}
+    rates = grow(train, source, {label: list(grid) for label in tuned},
+                 lambda label, rate: Run(label, tuning_seed, rate, tuning=True, mult=first_mult(label)))
+    best = {label: min(by_rate, key=by_rate.get) for label, by_rate in rates.items()}
+    mults = grow(train, source, {label: sorted(PRESET.scale_lr_mults) for label in tuned if first_mult(label)},
+                 lambda label, mult: Run(label, tuning_seed, best[label], tuning=True, mult=mult))
+    return rates, mults
+
+
+def grow(train, source, grids, make_run):
+    """{label: {value: final val loss}} of make_run(label, value) over each label's grid
+    of values: a label whose best value is an end of its grid gets one more value beyond
+    that end, at the grid's ratio there, up to `extend` times."""
     for growth in itertools.count():
-        runs = [Run(label, tuning_seed, rate, tuning=True) for label in tuned for rate in rates[label]]
-        train(runs)
-        losses = {label: {} for label in tuned}
-        for run in runs:
-            losses[run.label][run.rate] = final_val_loss(source, run)
+        runs = {(label, value): make_run(label, value) for label, values in grids.items() for value in values}
+        train(list(runs.values()))
+        losses = {label: {value: final_val_loss(source, runs[label, value]) for value in values}
+                  for label, values in grids.items()}
         grown = False
-        for label, rates_ in rates.items():
-            best = min(rates_, key=losses[label].get)
-            if growth < extend and best in (rates_[0], rates_[-1]):
-                beyond = rates_[0] ** 2 / rates_[1] if best == rates_[0] else rates_[-1] ** 2 / rates_[-2]
-                rates_.insert(0 if best == rates_[0] else len(rates_), float(f"{beyond:.3g}"))
+        for label, values in grids.items():
+            best = min(values, key=losses[label].get)
+            if growth < extend and best in (values[0], values[-1]):
+                beyond = values[0] ** 2 / values[1] if best == values[0] else values[-1] ** 2 / values[-2]
+                values.insert(0 if best == values[0] else len(values), float(f"{beyond:.3g}"))
                 grown = True
         if not grown:
             return losses
+
+
+def first_mult(label):
+    """The multiplier a variant with scales is tuned at first: the middle of the preset's
+    scale_lr_mults; None without that grid, or for a variant without scales (or with a
+    --scale_lr_mult of its own)."""
+    if not PRESET.scale_lr_mults:
+        return None
+    residual = next(arg.split("=", 1)[1] for arg in PRESET.variants[label] if arg.startswith("--residual="))
+    own = any(arg.startswith(tuple(["--scale_lr_mult=", *RENAMED])) for arg in PRESET.variants[label])
+    if own or not RESIDUALS[residual].scales:
+        return None
+    return sorted(PRESET.scale_lr_mults)[len(PRESET.scale_lr_mults) // 2]
+
+
+def final_loss(row):
+    """An evaluation row's final loss: over the whole validation split where train.py
+    measured it (its last evaluation), else the running estimate."""
+    return row.get("val_loss_full", row["val_loss"])
 
 
 def final_val_loss(source, run):
@@ -438,8 +534,8 @@ def final_val_loss(source, run):
         fail(f"no metrics for {run.name} in {source}; train it first (--train=True)")
     with open(path) as f:
         rows = [json.loads(line) for line in f]
-    return math.inf if any("diverged" in row for row in rows) else [row for row in rows if "val_loss" in row][-1][
-        "val_loss"]
+    return math.inf if any("diverged" in row for row in rows) else final_loss(
+        [row for row in rows if "val_loss" in row][-1])
 
 
 def choices(losses):
@@ -452,22 +548,35 @@ def choices(losses):
     return {label: best[PRESET.rates_from.get(label, label)] for label in labels}
 
 
-def tuning_runs(losses):
-    return [Run(label, tuning_seed, rate, tuning=True) for label, by_rate in losses.items() for rate in by_rate]
+def mult_choices(mults):
+    """{label: the multiplier with the lowest final val loss on the tuning seed, or None}."""
+    best = {label: min(by_mult, key=by_mult.get) for label, by_mult in mults.items()}
+    return {label: best.get(PRESET.rates_from.get(label, label)) for label in labels}
 
 
-def grid_table(losses):
-    """Each variant's final val loss on the tuning seed at each rate it trained at, the
-    chosen one in bold, and whether that choice is an end of the grid it grew to."""
-    rates = sorted({rate for by_rate in losses.values() for rate in by_rate})
-    lines = ["| variant | " + " | ".join(f"lr {rate:g}" for rate in rates) + " | chosen |",
-             "|" + "---|" * (len(rates) + 2)]
-    for label, by_rate in losses.items():
-        best = min(by_rate, key=by_rate.get)
-        cells = ["" if rate not in by_rate else "diverged" if by_rate[rate] == math.inf else
-                 f"**{by_rate[rate]:.4f}**" if rate == best else f"{by_rate[rate]:.4f}" for rate in rates]
-        end = (" (lowest rate tried: the best may be lower)" if best == min(by_rate) else
-               " (highest rate tried: the best may be higher)" if best == max(by_rate) else "")
+def tuning_runs(losses, mults):
+    """The runs of both grids, once each (a variant's multiplier grid holds the run at its rate)."""
+    chosen = choices(losses)
+    runs = [Run(label, tuning_seed, rate, tuning=True, mult=first_mult(label))
+            for label, by_rate in losses.items() for rate in by_rate]
+    runs += [Run(label, tuning_seed, chosen[label], tuning=True, mult=mult)
+             for label, by_mult in mults.items() for mult in by_mult]
+    return list(dict.fromkeys(runs))
+
+
+def grid_table(losses, axis="lr", what="rate"):
+    """Each variant's final val loss on the tuning seed at each value of a grid (the
+    rate, or the scales' multiplier) it trained at, the chosen one in bold, and whether
+    that choice is an end of the grid it grew to."""
+    values = sorted({value for by_value in losses.values() for value in by_value})
+    lines = ["| variant | " + " | ".join(f"{axis} {value:g}" for value in values) + " | chosen |",
+             "|" + "---|" * (len(values) + 2)]
+    for label, by_value in losses.items():
+        best = min(by_value, key=by_value.get)
+        cells = ["" if value not in by_value else "diverged" if by_value[value] == math.inf else
+                 f"**{by_value[value]:.4f}**" if value == best else f"{by_value[value]:.4f}" for value in values]
+        end = (f" (lowest {what} tried: the best may be lower)" if best == min(by_value) else
+               f" (highest {what} tried: the best may be higher)" if best == max(by_value) else "")
         lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {best:g}{end} |")
     return "\n".join(lines)
 
@@ -488,12 +597,16 @@ CODE = code_state() if train else {}
 
 
 def cpu_name():
-    """The processor's model name (Linux's /proc/cpuinfo), else platform's answer: runs
-    differ in the last bits between CPUs (AVX-512 or not), so each call records its own."""
+    """The processor (Linux's /proc/cpuinfo: its model name, family and model numbers, and
+    whether it has AVX-512), else platform's answer: runs differ in the last bits between
+    CPUs (AVX-512 or not), so each call and each run records its own."""
     try:
         with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
+            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+        info = {key.strip(): value.strip() for key, value in info.items()}
+        avx512 = ", AVX-512" if "avx512f" in info.get("flags", "").split() else ""
+        return f"{info['model name']} (family {info['cpu family']}, model {info['model']}{avx512})"
+    except (OSError, KeyError):
         return platform.processor() or platform.machine()
 
 
@@ -549,7 +662,7 @@ def summarize(curves, progress):
     separates the variant's effect from the seed's."""
     rows = {}
     for label, seed_rows in curves.items():
-        finals = [run_rows[-1]["val_loss"] for run_rows in seed_rows]
+        finals = [final_loss(run_rows[-1]) for run_rows in seed_rows]
         speed = [statistics.mean(r["tokens_per_sec"] for r in run_rows if r["iter"] > 0) for run_rows in seed_rows]
         rows[label] = dict(final=mean_std(finals),
                            best=mean_std([min(r["val_loss"] for r in run_rows) for run_rows in seed_rows]),
@@ -560,7 +673,7 @@ def summarize(curves, progress):
                            minutes=statistics.mean(run_rows[-1]["elapsed_s"] for run_rows in seed_rows) / 60)
         for base in PRESET.baselines:
             if base in curves:
-                rows[label][f"vs_{base}"] = paired([final - base_rows[-1]["val_loss"]
+                rows[label][f"vs_{base}"] = paired([final - final_loss(base_rows[-1])
                                                     for final, base_rows in zip(finals, curves[base])])
         rows[label]["grad_norm_max"] = statistics.mean(max(r["grad_norm_max"] for r in run_rows)
                                                        for run_rows in progress[label])
@@ -601,7 +714,7 @@ def contrasts_section(curves):
     pairs = [(a, b) for a, b in PRESET.contrasts if a in curves and b in curves]
     if not pairs:
         return []
-    finals = {label: [rows[-1]["val_loss"] for rows in seed_rows] for label, seed_rows in curves.items()}
+    finals = {label: [final_loss(rows[-1]) for rows in seed_rows] for label, seed_rows in curves.items()}
     differences = [[x - y for x, y in zip(finals[a], finals[b])] for a, b in pairs]
     tests = [paired(d) for d in differences]
     adjusted, m = holm([t.p for t in tests]), len(pairs)
@@ -649,22 +762,27 @@ def table(rows):
 
 
 def report():
-    losses = tune(lambda runs: None, metrics_dir)  # the same choices, from the copies of the tuning runs
-    chosen = choices(losses)
-    runs = comparison_runs(chosen)
+    losses, mults = tune(lambda runs: None, metrics_dir)  # the same choices, from the copies of the tuning runs
+    chosen, chosen_mults = choices(losses), mult_choices(mults)
+    runs = comparison_runs(chosen, chosen_mults)
     curves, progress = load_metrics(runs)
     if len({len(run_rows) for seed_rows in curves.values() for run_rows in seed_rows}) != 1:
         fail(f"the runs in {metrics_dir} have different numbers of evaluations: train them with the same settings")
+    whole = {"val_loss_full" in run_rows[-1] for seed_rows in curves.values() for run_rows in seed_rows}
+    if len(whole) != 1:
+        fail(f"some runs in {metrics_dir} measured their final loss over the whole validation split and some did "
+             f"not: train them with the same train.py")
     rows = summarize(curves, progress)
     plots = [f"![{title}]({name})" for name, title in draw(curves, progress, results_dir)]
-    info = study_record(tuning_runs(losses) + runs)
+    info = study_record(tuning_runs(losses, mults) + runs)
     shown_args = [os.path.relpath(arg, ROOT) if arg.startswith(ROOT) else arg
                   for arg in PRESET.args + shlex.split(train_args) + ([] if grid else rate_arguments(PRESET.rate))]
     variant_rates = chosen if grid else dict.fromkeys(labels)  # one rate for all is shown once, above
     text = [f"# Residual topologies compared ({preset} preset)", "",
             f"Each run: `python train.py {shlex.join(shown_args)} <the variant's arguments> --seed=S`, "
             f"seeds {', '.join(map(str, seed_list))}. Variants: "
-            + ", ".join(f"`{label}` (`{shlex.join(PRESET.variants[label] + rate_arguments(variant_rates[label]))}`)"
+            + ", ".join(f"`{label}` (`{shlex.join(PRESET.variants[label] + rate_arguments(variant_rates[label]))}"
+                        + "".join(f" {arg}" for arg in mult_arguments(chosen_mults[label])) + "`)"
                         for label in labels) + "."]
     if info:
         made = " then ".join(f"`{call['command']}` ({call['minutes']} min{at_commit(call)})" for call in info["calls"])
@@ -683,7 +801,9 @@ def report():
             text[-1] += (" The variants' arguments are in today's spelling (run.json's respelled, which respell.py "
                          "wrote: it is in the history at a3bbcb4); run.json keeps each run's arguments as it ran, "
                          "beside them.")
-    text += ["", "Loss: mean ± standard deviation over the seeds (final: the last evaluation). A seed fixes the "
+    final = ("the loss over the whole validation split at the end, every token once; best: the lowest running "
+             "estimate" if whole == {True} else "the last evaluation")
+    text += ["", f"Loss: mean ± standard deviation over the seeds (final: {final}). A seed fixes the "
              "initialization, the batch order and the evaluation batches, the same for every variant, so the "
              "final loss minus a baseline's at the same seed is the sharper comparison: its mean over the seeds, "
              "the 95% confidence interval of that mean (Student's t), the two-sided paired t-test's p, and each "
@@ -693,18 +813,27 @@ def report():
              "norm before clipping in a run, mean over seeds.", "", table(rows), ""]
     text += gates_section(curves, progress) + contrasts_section(curves)
     if grid:
+        scaled = [label for label in labels if first_mult(label)]
+        at_mult = f" (a variant with scales at --scale_lr_mult={first_mult(scaled[0]):g})" if scaled else ""
         text += [f"Learning rates: each variant trains at its own, chosen on seed {tuning_seed}, which the "
                  f"comparison does not use: the rate of the lowest final val loss there, from the grid "
                  f"{', '.join(f'{rate:g}' for rate in grid)}, grown by its ratio on a side where the best rate "
                  f"was its end (up to --extend={extend} times). min_lr is a tenth of the rate. Final val loss on seed "
-                 f"{tuning_seed} at each rate (bold: the chosen one):", "", grid_table(losses), ""]
+                 f"{tuning_seed} at each rate{at_mult} (bold: the chosen one):", "", grid_table(losses), ""]
         borrowed = [f"`{label}` trains at `{PRESET.rates_from[label]}`'s rate" for label in labels
                     if label in PRESET.rates_from]
         text[-1:-1] = [", ".join(borrowed) + ", untuned: the budget did not cover its grid.", ""] if borrowed else []
+    if mults:
+        text += [f"Scales' multipliers: then each variant with scales (its topology's `scales`, which train at "
+                 f"--scale_lr_mult times the rate) trains at its chosen rate with each multiplier of the grid "
+                 f"{', '.join(f'{mult:g}' for mult in sorted(PRESET.scale_lr_mults))}, grown in the same way, on "
+                 f"seed {tuning_seed}; it keeps the multiplier of the lowest final val loss (one pass: the rate is "
+                 f"not tuned again at the chosen multiplier). Final val loss on seed {tuning_seed} at each "
+                 f"multiplier (bold: the chosen one):", "", grid_table(mults, "x", "multiplier"), ""]
     text += [line for plot in plots for line in (plot, "")]
     with open(os.path.join(results_dir, "results.md"), "w") as f:
         f.write("\n".join(text))
-    tuned = "\n\n" + grid_table(losses) if grid else ""
+    tuned = ("\n\n" + grid_table(losses) if grid else "") + ("\n\n" + grid_table(mults, "x", "multiplier") if mults else "")
     update_results_readme(text[2] + "\n\n" + table(rows) + tuned)  # what was run, by which command, where; the tables
     print(table(rows))
     print(f"wrote {results_dir}/results.md and the plots")

@@ -30,6 +30,8 @@ class Preset(NamedTuple):
     contrasts: tuple = ()  # pre-registered (variant, baseline) pairs, tested together: Holm-adjusted p's
     lead: tuple = ()  # (base, leader): for each contrast's variant, the share of leader's lead over base it keeps
     recorded_as: dict = {}  # label -> the label its committed runs were recorded under, before a relabelling
+    scale_lr_mults: tuple = ()  # a grid of --scale_lr_mult: each variant with scales tuned over it, at its rate
+    one_cpu: bool = False  # every run trained on one processor: a call on another is an error (nothing reused)
 
 
 def topologies(*names):
@@ -157,4 +159,20 @@ PRESETS = dict(
                            contrasts=tuple((arm, base) for arm in ("hc.mix_identity", "hc+n_streams=2")
                                            for base in ("residual", "hc")),
                            lead=("residual", "hc")),
+    # Does any topology beat a residual given the same tools (#49)? depth48's model, five seeds no study has
+    # used, every run on one CPU and nothing reused: the residual with learned skip and branch scales, and
+    # with the embedding fed to every sublayer too (residual.x0, which holds both others: the best-equipped,
+    # named before any run); hc and the gate against it; the gate with its amplification taken away. Every
+    # variant tuned on seed 1336, its rate and then its scales' multiplier; the final loss over the whole
+    # validation split; the share of the gate's lead over the residual that each arm gets
+    depth48_tools=Preset(SWEEP_MODEL + ["--n_layer=48"], seeds="1342,1343,1344,1345,1346",
+                         learning_rates=(2e-3, 4e-3, 8e-3), scale_lr_mults=(1, 4, 16), one_cpu=True,
+                         baselines=("residual", "residual.x0"),
+                         variants=topologies("residual", "residual.scaled", "residual.x0", "hc", "norm_gated_ihc",
+                                             "norm_gated_ihc.bounded"),
+                         contrasts=(("hc", "residual.x0"), ("norm_gated_ihc", "residual.x0"),
+                                    ("residual.scaled", "residual"), ("residual.x0", "residual"),
+                                    ("norm_gated_ihc.bounded", "norm_gated_ihc"),
+                                    ("norm_gated_ihc.bounded", "residual")),
+                         lead=("residual", "norm_gated_ihc")),
 )

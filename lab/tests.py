@@ -256,7 +256,7 @@ def test_compare_table_summarises_every_seed(compared):
     table = (tmp_path / "results" / "results.md").read_text()
     for name in ("residual", "gated_ihc"):
         runs = [metrics(tmp_path / "runs" / f"{name}-s{seed}") for seed in (1, 2, 3)]
-        finals = [rows[-1]["val_loss"] for rows in runs]
+        finals = [rows[-1]["val_loss_full"] for rows in runs]  # the final loss: the whole split's
         bests = [min(r["val_loss"] for r in rows) for rows in runs]
         assert finals[0] != finals[1], "each run must get its own seed"
         assert (f"| `{name}` | {statistics.mean(finals):.4f} ± {statistics.stdev(finals):.4f} "
@@ -264,7 +264,7 @@ def test_compare_table_summarises_every_seed(compared):
         for seed in (1, 2, 3):  # the copies the plots can be redrawn from: evaluations and progress rows
             copied = (tmp_path / "results" / "metrics" / f"{name}-s{seed}.jsonl").read_text()
             assert copied == (tmp_path / "runs" / f"{name}-s{seed}" / "metrics.jsonl").read_text()
-    residual, gated = ([metrics(tmp_path / "runs" / f"{name}-s{seed}")[-1]["val_loss"] for seed in (1, 2, 3)]
+    residual, gated = ([metrics(tmp_path / "runs" / f"{name}-s{seed}")[-1]["val_loss_full"] for seed in (1, 2, 3)]
                        for name in ("residual", "gated_ihc"))
     paired = [g - r for g, r in zip(gated, residual)]  # the same seed: the same batches and evaluation batches
     mean, sem = statistics.mean(paired), statistics.stdev(paired) / math.sqrt(3)
@@ -374,7 +374,7 @@ def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
     assert config["residual"] == "norm_gated_ihc.clip" and config["alpha_init"] == 0
     assert (tmp_path / "results" / "metrics" / "norm_gated_ihc.static-s1.jsonl").exists()
     table = (tmp_path / "results" / "results.md").read_text()
-    ihc, static = (metrics(tmp_path / "runs" / f"{name}-s1")[-1]["val_loss"]
+    ihc, static = (metrics(tmp_path / "runs" / f"{name}-s1")[-1]["val_loss_full"]
                    for name in ("ihc", "norm_gated_ihc.static"))
     assert "| minus ihc's: mean [95% CI], p, signs |" in table and "| minus residual's" not in table
     assert f"| `{label}` | {static:.4f} | " in table  # one seed: no spread
@@ -399,7 +399,7 @@ def test_compare_skips_finished_runs(tmp_path):
     (That a run trained again gives the same numbers is checked by the resume test below.)"""
     grid = ["--learning_rates=1e-3,4e-3", "--tuning_seed=6", "--extend=0"]
     compare(tmp_path / "first", "--variants=mhc", "--seeds=5", *grid)
-    tuned = {rate: metrics(tmp_path / "first" / "runs" / "tuning" / f"mhc-lr{rate}-s6")[-1]["val_loss"]
+    tuned = {rate: metrics(tmp_path / "first" / "runs" / "tuning" / f"mhc-lr{rate}-s6")[-1]["val_loss_full"]
              for rate in ("0.001", "0.004")}
     best = min(tuned, key=tuned.get)
     arguments = json.loads((tmp_path / "first" / "runs" / "mhc-s5" / "run.json").read_text())["arguments"]
@@ -528,6 +528,108 @@ def test_compare_chooses_each_rate_on_the_tuning_seed_alone(tmp_path):
     assert status == 2 and "is one of the comparison's seeds" in stderr, stderr
 
 
+def test_compare_tunes_the_scales_multiplier_at_each_variants_chosen_rate(tmp_path):
+    """depth48_tools: first each variant's rate (a variant with scales at the middle
+    multiplier, 4), then, at that rate, the multiplier of a variant with scales; the
+    residual (no scales) has no multiplier. Every choice from the tuning seed's whole-split
+    losses (val_loss_full; each run's sampled val_loss says otherwise), the comparison at
+    the chosen multiplier; a run of the comparison seeds changes no choice."""
+    metrics_dir = tmp_path / "results" / "metrics"
+
+    def write(path, final, sampled):  # a run whose final whole-split loss and sampled loss disagree
+        write_run_metrics(path, sampled)
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        rows[-1]["val_loss_full"] = final
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    for rate, loss in (("0.001", 2.6), ("0.002", 2.5), ("0.004", 2.7)):
+        write(metrics_dir / "tuning" / f"residual-lr{rate}-s7.jsonl", loss, 5 - loss)
+    for rate, loss in (("0.001", 2.6), ("0.002", 2.7), ("0.004", 2.5)):  # x0 at x4: best at 0.002 by the samples
+        write(metrics_dir / "tuning" / f"residual.x0-lr{rate}-m4-s7.jsonl", loss - 0.3 * (rate == "0.004"), 5 - loss)
+    for mult, loss in (("1", 2.3), ("16", 2.1)):  # at its chosen 0.004: 16 best (and the grid's end)
+        write(metrics_dir / "tuning" / f"residual.x0-lr0.004-m{mult}-s7.jsonl", loss, 5 - loss)
+    for label, finals in (("residual", (2.40, 2.42)), ("residual.x0", (2.30, 2.35))):
+        for seed, final in enumerate(finals, 1):
+            write(metrics_dir / f"{label}-s{seed}.jsonl", final, 9.0)
+    redraw = ["lab/compare.py", "--preset=depth48_tools", f"--results_dir={tmp_path / 'results'}",
+              "--variants=residual,residual.x0", "--seeds=1,2", "--learning_rates=1e-3,2e-3,4e-3", "--tuning_seed=7",
+              "--extend=0", "--train=False"]
+    status, _, stderr = run_in_this_process(*redraw)
+    assert status == 0, stderr
+    text = (tmp_path / "results" / "results.md").read_text()
+    assert "`residual` (`--residual=residual --learning_rate=0.002 --min_lr=0.0002`)" in text, text
+    assert ("`residual.x0` (`--residual=residual.x0 --learning_rate=0.004 --min_lr=0.0004 --scale_lr_mult=16`)"
+            in text), text
+    assert "| `residual.x0` | 2.3000 | 2.2000 | **2.1000** | 16 (highest multiplier tried: the best may be higher) |" in text
+    assert "| `residual.x0` | 2.3250 ± 0.0354 | " in text and "final: the loss over the whole validation split" in text
+    write(metrics_dir / "residual.x0-s1.jsonl", 0.1, 0.1)  # a comparison seed's result: no choice moves
+    status, _, stderr = run_in_this_process(*redraw)
+    assert status == 0 and "--learning_rate=0.004 --min_lr=0.0004 --scale_lr_mult=16`)" in (
+        tmp_path / "results" / "results.md").read_text(), stderr
+    write_run_metrics(metrics_dir / "residual-s2.jsonl", 2.42)  # one run without the whole-split loss: refused
+    status, _, stderr = run_in_this_process(*redraw)
+    assert_one_line_error(status, stderr, "some runs in")
+
+
+def test_compare_one_cpu_study_refuses_a_machine_of_another_cpu(tmp_path):
+    """depth48_tools trains every run on one processor: where its record names runs of
+    another, a call trains nothing and puts nothing on record, in one line."""
+    results = tmp_path / "results"
+    results.mkdir()
+    recorded = dict(calls=[], runs={"tuning/residual-lr0.002-s1336": []},
+                    cpus={"tuning/residual-lr0.002-s1336": "Some Other CPU (family 6, model 143, AVX-512)"})
+    (results / "progress.json").write_text(json.dumps(recorded))
+    status, _, stderr = run_in_this_process("lab/compare.py", "--preset=depth48_tools", f"--runs_dir={tmp_path / 'runs'}",
+                                            f"--results_dir={results}")
+    assert_one_line_error(status, stderr, "records runs trained on Some Other CPU (family 6, model 143, AVX-512); "
+                                          "this machine is ")
+    assert json.loads((results / "progress.json").read_text()) == recorded
+    assert not (tmp_path / "runs" / "tuning").exists() and not (tmp_path / "runs" / "calls.json").exists()
+
+
+@slow
+def test_compare_commits_each_run_with_its_cpu_and_launches_todays_spelling(tmp_path):
+    """--commit=True: each finished run's record is a commit of its own in the repository
+    that holds results_dir. gate_lr's runs are recorded with the setting's name of their
+    day (--gate_lr_mult) and train with today's (--scale_lr_mult, the same parameters).
+    run.json names each run's processor."""
+    repository = tmp_path / "repository"
+    (repository / "results").mkdir(parents=True)
+    for command in (["init", "--quiet"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
+        subprocess.run(["git", *command], cwd=repository, check=True)
+    label = "norm_gated_ihc+gate_lr_mult=4"
+    run("lab/compare.py", "--preset=gate_lr", f"--variants={label}", "--seeds=1", "--learning_rates=1e-3,2e-3",
+        "--extend=0", f"--runs_dir={tmp_path / 'runs'}", f"--results_dir={repository / 'results'}",
+        f"--train_args={COMPARE_TRAIN_ARGS}", "--commit=True")
+    log = subprocess.run(["git", "log", "--format=%s"], cwd=repository, capture_output=True, text=True).stdout
+    assert log.splitlines() == [f"gate_lr: {name} trained, {k} runs recorded" for k, name in
+                                ((3, f"{label}-s1"), (2, f"tuning/{label}-lr0.002-s1336"),
+                                 (1, f"tuning/{label}-lr0.001-s1336"))], log
+    record = json.loads((repository / "results" / "run.json").read_text())
+    assert all("--gate_lr_mult=4" in arguments for arguments in record["runs"].values()), record["runs"]
+    config = torch.load(tmp_path / "runs" / f"{label}-s1" / "ckpt.pt", weights_only=True)["config"]
+    assert config["scale_lr_mult"] == 4 and "gate_lr_mult" not in config
+    cpu = record["calls"][0]["cpu"]  # on Linux: its model name, family and model numbers, AVX-512 or not
+    assert cpu and record["cpus"] == dict.fromkeys(record["runs"], cpu), record["cpus"]
+
+
+# The committed studies made before compare.py recorded each run's processor (their calls name it from gate_lr on)
+NO_CPU_PER_RUN = {"counterexample", "cpu", "cpu_tuned", "depth24", "depth48", "depth48_decomp", "depth48_long",
+                  "depth48_streams", "depth6", "depth_long", "depth_sweep", "depth_tuned", "gate_lr", "gate_lr48",
+                  "gate_lr48_5seeds", "gates", "hc_ablation", "hc_sign_gain"}
+
+
+@pytest.mark.parametrize("preset", COMMITTED)
+def test_each_committed_run_names_its_cpu(preset):
+    """Every run of a study compare.py finished since it records processors names the
+    processor it was trained on; the older studies, listed, record none per run."""
+    record = json.load(open(os.path.join(LAB, "results", preset, "run.json")))
+    if preset in NO_CPU_PER_RUN:
+        assert "cpus" not in record, f"{preset} records its processors: take it off the list"
+        return
+    assert set(record["cpus"]) == set(record["runs"]) and all(record["cpus"].values()), preset
+
+
 def test_depth_sweep_draws_each_depth_paired_against_its_residual(tmp_path, monkeypatch):
     """depth_sweep.py reads each depth's compare.py record: per topology the chosen rate
     (marked where it was not tuned), the final loss minus the same depth's residual at
@@ -605,7 +707,8 @@ def test_compare_names_a_failed_run_in_one_line_and_continues_after_the_fix(tmp_
     assert "unknown key 'max_itters'" in result.stderr.strip().splitlines()[-1]
     compare(tmp_path, "--variants=residual,ihc", "--seeds=1")  # the failed run left nothing in the way
     table = (tmp_path / "results" / "results.md").read_text()
-    final = metrics(tmp_path / "runs" / "ihc-s1")[-1]["val_loss"] - metrics(tmp_path / "runs" / "residual-s1")[-1]["val_loss"]
+    final = (metrics(tmp_path / "runs" / "ihc-s1")[-1]["val_loss_full"]
+             - metrics(tmp_path / "runs" / "residual-s1")[-1]["val_loss_full"])
     assert f"| {final:+.4f} (one seed: no interval), {'-' if final < 0 else '+'} |" in table, table  # not [x, x]
     assert "±" not in table.split("| variant")[1], "one seed has no standard deviation"
 

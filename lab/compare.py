@@ -289,16 +289,17 @@ def record_progress(out_dir, arguments, calls):
         json.dump(progress, f, indent=1)
     os.replace(progress_path + ".tmp", progress_path)
     if commit:
-        commit_results(f"{preset}: {name} trained, {len(progress['runs'])} runs recorded")
+        commit_results(f"{preset}: {name}", f"compare.py recorded this run when it ended; {len(progress['runs'])} "
+                       f"runs of the study are recorded now.")
 
 
-def commit_results(message):
+def commit_results(subject, body):
     """git-commit results_dir as it stands (--commit=True): what a study has done is in
     the repository's history the moment it is done. A commit that fails (another git
     command holds the index, a merge is under way) is a warning: the next one takes
     everything along."""
     try:
-        for command in (["add", "--all", "--", "."], ["commit", "--quiet", "-m", message, "--", "."]):
+        for command in (["add", "--all", "--", "."], ["commit", "--quiet", "-m", subject, "-m", body, "--", "."]):
             subprocess.run(["git", *command], cwd=results_dir, check=True, capture_output=True, text=True)
     except (OSError, subprocess.CalledProcessError) as e:
         print(f"warning: could not commit {results_dir} ({getattr(e, 'stderr', '') or e}); the next commit "

@@ -41,7 +41,8 @@ class _StreamRead(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, pre):
         n, C = h.shape[-2:]
-        x = torch.bmm(per_token(pre.to(h.dtype), 1, n), per_token(h, n, C))  # (BT,1,n) @ (BT,n,C)
+        with torch.autocast(h.device.type, enabled=False):  # in h's dtype: autocast would round h to bf16
+            x = torch.bmm(per_token(pre.to(h.dtype), 1, n), per_token(h, n, C))  # (BT,1,n) @ (BT,n,C)
         ctx.save_for_backward(h, pre)
         return x.view(h.shape[:-2] + (C,))  # (B,T,C)
 

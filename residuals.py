@@ -304,7 +304,8 @@ class ManifoldHCLite(DynamicStreams):
 
     def mix(self, res):
         B, T, _ = res.shape
-        return (res.softmax(-1) @ self.permutations).view(B, T, self.n, self.n)
+        with torch.autocast(res.device.type, enabled=False):  # a bf16 product sums to 1 only to ~1e-3
+            return (res.softmax(-1) @ self.permutations.to(res.dtype)).view(B, T, self.n, self.n)
 
 
 class IdentityHC(DynamicStreams):

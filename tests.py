@@ -304,6 +304,23 @@ def standalone(name, n=4, width=8, sublayer_index=1, ops=residuals, **config):
     return RESIDUALS[name](config, sublayer_index, ops).double()
 
 
+def assert_mix_sums_to_one_under_bf16_autocast(name, logits):
+    """A MIX whose rows and columns sum to 1 by construction, made from float32 logits
+    under the GPU's bf16 autocast: it stays float32 and sums to 1 to float32's rounding
+    (a bf16 product, 8 bits, misses by ~1e-3)."""
+    topology = standalone(name).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mix = topology.mix(logits)  # (B,T,n,n)
+    assert mix.dtype == torch.float32, f"{name}: MIX is {mix.dtype}"
+    for sums in (mix.sum(-1), mix.sum(-2)):
+        assert (sums - 1).abs().max().item() < 1e-5, f"{name}: sums to 1 only to {(sums - 1).abs().max():.1e}"
+
+
+def test_residuals_mhc_lite_mix_is_doubly_stochastic_under_bf16_autocast():
+    """sum_k w_k P_k: a convex mix of permutations, whatever the logits."""
+    assert_mix_sums_to_one_under_bf16_autocast("mhc_lite", 3 * torch.randn(2, 3, 24))
+
+
 # --- the peers' code: lucidrains' hyper-connections
 
 def lucidrains_hc_as_ours(theirs):
@@ -1605,6 +1622,19 @@ def test_fused_stream_ops_model_dtypes(mix, impl):
 
 
 @IMPLS
+def test_fused_stream_read_keeps_the_state_float32_under_bf16_autocast(impl):
+    """hc reads its float32 state by stream_read under the GPU's bf16 autocast: the read
+    is a weighted sum of the state in the state's dtype, as residuals.py's (no matmul for
+    autocast to round), not a bf16 product (relative error ~3e-3)."""
+    inputs = stream_inputs(4, dtype=torch.float32)
+    h, pre = inputs["h"], inputs["post"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = implementation(impl).stream_read(h, pre)
+    assert x.dtype == torch.float32, f"{impl}: the read is {x.dtype}"
+    assert_close(f"{impl} stream_read", x, residuals.stream_read(h.double(), pre.double()), 1e-6)
+
+
+@IMPLS
 @MIXES
 def test_fused_stream_ops_expanded_state(mix, impl):
     """At the first layer h is the embedding expand()ed to n equal streams, a stride-0
@@ -2318,6 +2348,11 @@ def test_variants_gate_anchor_keeps_stream_0_open():
     anchored, free = standalone("norm_gated_ihc.anchor").gate(logits), standalone("norm_gated_ihc").gate(logits)
     assert anchored[..., 0].item() == 1.0 and free[..., 0].item() == 0.0
     assert anchored[..., 1:].tolist() == free[..., 1:].tolist()
+
+
+def test_variants_gating_only_the_deviations_sums_to_one_under_bf16_autocast():
+    """J + (I - J) D (I - J): its rows and columns sum to 1 for any gates, as J's do."""
+    assert_mix_sums_to_one_under_bf16_autocast("norm_gated_ihc.clip_deviations", torch.rand(2, 3, 4) * 1.4 - 0.2)
 
 
 def test_variants_gating_only_the_deviations_keeps_the_mean():

@@ -303,7 +303,8 @@ class NormGatedIHCClipDeviations(NormGatedIHCClip):
     def mix(self, res):
         d = super().mix(res)  # (B,T,n)
         I_minus_J = torch.eye(self.n, dtype=d.dtype, device=d.device) - 1.0 / self.n
-        return 1.0 / self.n + (I_minus_J * d.unsqueeze(-2)) @ I_minus_J  # (I - J) D: columns scaled; (B,T,n,n)
+        with torch.autocast(d.device.type, enabled=False):  # in bf16 the mean is kept only to ~1e-3
+            return 1.0 / self.n + (I_minus_J * d.unsqueeze(-2)) @ I_minus_J  # (I - J) D: columns scaled; (B,T,n,n)
 
 
 class NormGatedIHCBounded(NormGatedIHC):

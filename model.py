@@ -143,9 +143,11 @@ class GPT(nn.Module):
         return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
 
     def streams(self, x0):
-        """The residual state at the first Block: n equal copies of x0, (B,T,n,C), in the state's dtype."""
+        """The residual state at the first Block: n equal copies of x0, (B,T,n,C), in the state's dtype.
+        Copied, not an expand()ed view: then every Block gets a state of one layout, and
+        torch.compile makes one graph for them all (a view would need its own, the first Block's)."""
         dtype = torch.bfloat16 if self.config.state_dtype == "bfloat16" else x0.dtype
-        return x0.to(dtype).unsqueeze(2).expand(*x0.shape[:2], self.config.n_streams, x0.size(-1))
+        return x0.to(dtype).unsqueeze(2).expand(*x0.shape[:2], self.config.n_streams, x0.size(-1)).contiguous()
 
     def residual_state(self, idx):
         """The residual state after the last Block: (B,T,n,C)."""

@@ -19,6 +19,8 @@ count of small ops (each costs tens of microseconds however small). So:
 
     python bench.py --device=cpu      # step time of every topology, fused and reference
 """
+import functools
+
 import torch
 
 from residuals import float32_or_wider
@@ -41,8 +43,9 @@ class _StreamRead(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, pre):
         n, C = h.shape[-2:]
-        with torch.autocast(h.device.type, enabled=False):  # in h's dtype: autocast would round h to bf16
-            x = torch.bmm(per_token(pre.to(h.dtype), 1, n), per_token(h, n, C))  # (BT,1,n) @ (BT,n,C)
+        dtype = torch.promote_types(h.dtype, pre.dtype)  # residuals.stream_read's: a bf16 state is read in float32
+        with torch.autocast(h.device.type, enabled=False):  # autocast would round h to bf16
+            x = torch.bmm(per_token(pre.to(dtype), 1, n), per_token(h.to(dtype), n, C))  # (BT,1,n) @ (BT,n,C)
         ctx.save_for_backward(h, pre)
         return x.view(h.shape[:-2] + (C,))  # (B,T,C)
 
@@ -52,10 +55,10 @@ class _StreamRead(torch.autograd.Function):
         n, C = h.shape[-2:]
         dh = dpre = None
         if ctx.needs_input_grad[0]:
-            dh = pre.unsqueeze(-1).to(dx.dtype) * dx.unsqueeze(-2)  # (B,T,n,1) * (B,T,1,C)
+            dh = (pre.unsqueeze(-1) * dx.unsqueeze(-2)).to(h.dtype)  # (B,T,n,1) * (B,T,1,C)
         if ctx.needs_input_grad[1]:
-            dpre = torch.bmm(per_token(dx.to(h.dtype), 1, C), per_token(h, n, C).transpose(1, 2))  # (BT,1,C) @ (BT,C,n)
-            dpre = dpre.view(pre.shape)
+            dpre = torch.bmm(per_token(dx.to(pre.dtype), 1, C), per_token(h.to(pre.dtype), n, C).transpose(1, 2))
+            dpre = dpre.view(pre.shape)  # (BT,1,C) @ (BT,C,n)
         return dh, dpre
 
 
@@ -76,18 +79,19 @@ class _StreamWrite(torch.autograd.Function):
     def forward(ctx, h, mix, post, y):
         n, C = h.shape[-2:]
         ctx.full = mix is not None and mix.dim() == h.dim()
-        post = post.unsqueeze(-1).to(y.dtype)  # (B,T,n,1)
-        if mix is None:
-            out = torch.addcmul(h, post, y.unsqueeze(-2))  # h + post * y: (B,T,n,C) in h's and y's promoted dtype
-        elif not ctx.full:  # diagonal gate
-            out = h * mix.unsqueeze(-1).to(h.dtype)
-            out.addcmul_(post, y.unsqueeze(-2))
-        else:
-            dtype = torch.promote_types(h.dtype, y.dtype)  # as above; not autocast's bf16: the state keeps its dtype
-            with torch.autocast(h.device.type, enabled=False):
-                # bmm, then the write in place: a CPU baddbmm of many tiny matrices is ~4x slower than the two
+        # In the inputs' widest dtype, as residuals.stream_write, not autocast's: a bf16 y is
+        # promoted, and a bf16 state (state_dtype) is computed in its float32 coefficients' dtype.
+        dtype = functools.reduce(torch.promote_types, [t.dtype for t in (h, mix, post, y) if t is not None])
+        post, y_row = post.unsqueeze(-1).to(dtype), y.unsqueeze(-2).to(dtype)  # (B,T,n,1), (B,T,1,C)
+        with torch.autocast(h.device.type, enabled=False):
+            if mix is None:
+                out = torch.addcmul(h.to(dtype), post, y_row)  # h + post * y
+            elif not ctx.full:  # diagonal gate
+                out = h.to(dtype) * mix.unsqueeze(-1).to(dtype)
+                out.addcmul_(post, y_row)
+            else:  # bmm, then the write in place: a CPU baddbmm of many tiny matrices is ~4x slower than the two
                 out = torch.bmm(per_token(mix.to(dtype), n, n), per_token(h.to(dtype), n, C)).view(h.shape)
-                out.addcmul_(post.to(dtype), y.unsqueeze(-2).to(dtype))
+                out.addcmul_(post, y_row)
         ctx.save_for_backward(None if mix is None else h, mix, post, y)  # the identity needs no h
         return out
 
@@ -257,7 +261,7 @@ class _DynamicRead(torch.autograd.Function):
             u = (flat32 @ W).mul_(r)  # (BT, 2n+K)
             z = torch.addcmul(bias, u, scale)
             s = z[:, :2 * n].sigmoid()  # (BT, 2n): pre, post / 2
-            x = torch.bmm(s[:, None, :n].to(h.dtype), flat.view(-1, n, C))  # (BT,1,n) @ (BT,n,C)
+            x = torch.bmm(s[:, None, :n], flat32.view(-1, n, C))  # (BT,1,n) @ (BT,n,C), as stream_read
         ctx.save_for_backward(flat, W, groups, scale, r, u, s)
         ctx.batch_shape = (B, T)
         return x.view(B, T, C), s[:, n:].mul(2).view(B, T, n), z[:, 2 * n:].view(B, T, -1)
@@ -270,7 +274,8 @@ class _DynamicRead(torch.autograd.Function):
         with torch.autocast(flat.device.type, enabled=False):
             # autograd hands zeros, not None, for an output the loss does not use
             dx = dx.reshape(BT, 1, C)
-            dpre = torch.bmm(dx.to(flat.dtype), flat.view(BT, n, C).transpose(1, 2)).view(BT, n)  # (BT,1,C) @ (BT,C,n)
+            flat32 = float32_or_wider(flat)
+            dpre = torch.bmm(dx.to(flat32.dtype), flat32.view(BT, n, C).transpose(1, 2)).view(BT, n)  # (BT,1,C) @ (BT,C,n)
             ds = torch.cat([dpre.to(s.dtype), dpost.reshape(BT, n) * 2], 1)  # (BT, 2n): d loss / d s
             dz = torch.ops.aten.sigmoid_backward(ds, s)  # ds s (1 - s), one op
             if u.shape[1] > 2 * n:  # the MIX logits res
@@ -279,7 +284,6 @@ class _DynamicRead(torch.autograd.Function):
             dbias = dz.sum(0)
             du = dz.mul_(scale)
             dv = du * r
-            flat32 = float32_or_wider(flat)
             dW = (dv.t() @ flat32).t()  # as (K, BT) @ (BT, D): h is read along its rows
             dh = None
             if ctx.needs_input_grad[0]:

@@ -348,7 +348,7 @@ def _zeros(BLOCK_T: tl.constexpr, K: tl.constexpr):
 def _stream_read_fwd_kernel(
     h_ptr,  # (N, n, C) state
     pre_ptr,  # (N, n) read weights
-    x_ptr,  # (N, C) output, h's dtype
+    x_ptr,  # (N, C) output, the wider of h's and pre's dtypes
     N, C,  # tokens, channels
     n: tl.constexpr,  # streams
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,  # tokens and channels per program
@@ -391,7 +391,7 @@ def _stream_read_bwd_kernel(
 def _stream_read_fwd(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     h, pre = h.contiguous(), pre.contiguous()  # h may be an expand()ed view
     N, n, C, meta = _stream_shape(h)
-    x = torch.empty(h.shape[:-2] + (C,), dtype=h.dtype, device=h.device)  # (B,T,C)
+    x = torch.empty(h.shape[:-2] + (C,), dtype=_read_dtype(h, pre), device=h.device)  # (B,T,C)
     grid = (triton.cdiv(N, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))
     with _on_device_of(h):
         _stream_read_fwd_kernel[grid](h, pre, x, N, C, n, **meta)
@@ -407,13 +407,19 @@ def _stream_read_bwd(h: torch.Tensor, pre: torch.Tensor, dx: torch.Tensor) -> tu
     return dh, dpre
 
 
+def _read_dtype(h, pre):
+    """residuals.stream_read's: a bf16 state (state_dtype) is read into its float32 coefficients' dtype."""
+    return torch.promote_types(h.dtype, pre.dtype)
+
+
 _stream_read_op = _custom_op("stream_read", _stream_read_fwd, _stream_read_bwd,
-                             fake=lambda h, pre: h.new_empty(h.shape[:-2] + h.shape[-1:]),
+                             fake=lambda h, pre: h.new_empty(h.shape[:-2] + h.shape[-1:], dtype=_read_dtype(h, pre)),
                              bwd_fake=lambda h, pre, dx: (h.new_empty(h.shape), pre.new_empty(pre.shape)))
 
 
 def stream_read(h, pre):
-    """x[..., c] = sum_i pre[..., i] * h[..., i, c]. h (B,T,n,C), pre (B,T,n) -> (B,T,C), h's dtype"""
+    """x[..., c] = sum_i pre[..., i] * h[..., i, c]. h (B,T,n,C), pre (B,T,n) -> (B,T,C), in the wider of
+    h's and pre's dtypes (a bf16 state is read into float32)"""
     check_triton_available(h.device)
     return _stream_read_op(h, pre)
 

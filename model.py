@@ -67,15 +67,17 @@ class Block(nn.Module):
         self.attn_topology = Topology(config, 2 * layer, ops)  # sublayer index k = 2 * layer
         self.mlp_topology = Topology(config, 2 * layer + 1, ops)
 
-    def attn_sublayer(self, x):
-        return self.attn(self.ln_1(x))
+    def attn_sublayer(self, x):  # x (B,T,C): the read of the state, computed in the weights' dtype
+        return self.attn(self.ln_1(x.to(self.ln_1.weight.dtype)))
 
     def mlp_sublayer(self, x):
-        return self.mlp(self.ln_2(x))
+        return self.mlp(self.ln_2(x.to(self.ln_2.weight.dtype)))
 
-    def forward(self, h, x0):  # h (B,T,n,C), x0 (B,T,C) the embedding
-        h = self.attn_topology(h, self.attn_sublayer, x0)
-        return self.mlp_topology(h, self.mlp_sublayer, x0)
+    def forward(self, h, x0):  # h (B,T,n,C) in the state's dtype, x0 (B,T,C) the embedding
+        # Each new state is stored in the state's dtype: a bf16 state (state_dtype) computed in
+        # float32 is rounded once here; a float32 state is left as it is.
+        h = self.attn_topology(h, self.attn_sublayer, x0).to(h.dtype)
+        return self.mlp_topology(h, self.mlp_sublayer, x0).to(h.dtype)
 
 
 @dataclass
@@ -93,9 +95,13 @@ class GPTConfig:
     alpha_init: float = 0.01  # initial a_* (mHC) and s (HC) coefficient scales
     sinkhorn_iters: int = 20  # mhc
     kernels: str = "fused"  # implementation of the stream ops: one of KERNELS (see stream_ops)
+    state_dtype: str = "float32"  # the residual state's storage, one of STATE_DTYPES; its arithmetic stays float32
 
 
 KERNELS = ("reference", "fused", "triton")
+# float32: the state in the model's own dtype; bfloat16: stored in bf16 (half the bytes of
+# the n-times-wider state that every stream op moves), computed in float32 between stores.
+STATE_DTYPES = ("float32", "bfloat16")
 
 
 class GPT(nn.Module):
@@ -137,8 +143,9 @@ class GPT(nn.Module):
         return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
 
     def streams(self, x0):
-        """The residual state at the first Block: n equal copies of x0, (B,T,n,C)."""
-        return x0.unsqueeze(2).expand(*x0.shape[:2], self.config.n_streams, x0.size(-1))
+        """The residual state at the first Block: n equal copies of x0, (B,T,n,C), in the state's dtype."""
+        dtype = torch.bfloat16 if self.config.state_dtype == "bfloat16" else x0.dtype
+        return x0.to(dtype).unsqueeze(2).expand(*x0.shape[:2], self.config.n_streams, x0.size(-1))
 
     def residual_state(self, idx):
         """The residual state after the last Block: (B,T,n,C)."""
@@ -184,7 +191,7 @@ class GPT(nn.Module):
                     gate_resets.append((g < 0.01).float().mean().item())
                     f = topology.unclipped(logits)  # the clip holds where f leaves [0, 1]
                     gate_clipped.append(((f < 0) | (f > 1)).float().mean().item())
-                h = topology(h, sublayer, x0)
+                h = topology(h, sublayer, x0).to(h.dtype)  # stored as Block.forward stores it
         singular = torch.linalg.svdvals(product)  # (B,T,n)
         total = singular.sum(-1, keepdim=True)
         rank = torch.special.entr(singular / total.clamp_min(1e-30)).sum(-1).exp()  # 1 to n; 0 for P = 0
@@ -197,7 +204,7 @@ class GPT(nn.Module):
         return report
 
     def forward(self, idx, targets=None):
-        x = self.transformer.ln_f(self.residual_state(idx).mean(2))  # (B,T,C)
+        x = self.transformer.ln_f(self.residual_state(idx).mean(2, dtype=self.lm_head.weight.dtype))  # (B,T,C)
         if targets is not None:
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
@@ -323,6 +330,8 @@ def check_config(config):
         raise ValueError(f"n_embd ({config.n_embd}) must be a multiple of n_head ({config.n_head})")
     if config.kernels not in KERNELS:
         raise ValueError(f"unknown kernels '{config.kernels}'; choose one of: {', '.join(KERNELS)}")
+    if config.state_dtype not in STATE_DTYPES:
+        raise ValueError(f"unknown state_dtype '{config.state_dtype}'; choose one of: {', '.join(STATE_DTYPES)}")
 
 
 def stream_ops(name):

@@ -51,8 +51,9 @@ import torch.nn.functional as F
 
 
 def stream_read(h, pre):
-    """x_c = sum_i pre_i h_ic. h (B,T,n,C), pre (B,T,n) -> x (B,T,C) in h's dtype"""
-    return (pre.to(h.dtype).unsqueeze(-1) * h).sum(-2)  # (B,T,n,1) * (B,T,n,C), summed over n
+    """x_c = sum_i pre_i h_ic. h (B,T,n,C), pre (B,T,n) -> x (B,T,C) in the wider of
+    their dtypes: a bf16 state (state_dtype) is read in its float32 coefficients' dtype."""
+    return (pre.unsqueeze(-1) * h).sum(-2)  # (B,T,n,1) * (B,T,n,C), summed over n
 
 
 def stream_write(h, mix, post, y):
@@ -61,7 +62,9 @@ def stream_write(h, mix, post, y):
     mix is a full (B,T,n,n) matrix (hc, mhc, mhc_lite, mean_gated_ihc), a (B,T,n)
     diagonal gate (gated_ihc, norm_gated_ihc), or None for the identity (ihc).
     h (B,T,n,C), post (B,T,n), y (B,T,C) -> (B,T,n,C). The state keeps its dtype
-    under autocast: a bf16 y is promoted, not the state rounded to bf16.
+    under autocast: a bf16 y is promoted, not the state rounded to bf16. A bf16 state
+    (state_dtype) is computed in its float32 coefficients' dtype, and the Block stores
+    the result in bf16 (model.Block), rounded once.
     """
     if mix is None:
         mixed = h

@@ -193,6 +193,7 @@ def impls(*names):
 
 FAST = cases("fused", "triton", "triton-bf16")
 IMPLS = impls("fused", "triton")
+ALL_IMPLS = impls("reference", "fused", "triton")
 
 
 #===================================================================================================
@@ -528,6 +529,7 @@ def test_model_every_topology_and_variant_starts_as_the_residual_network(name):
     (dict(residual="mhc_lite", n_streams=6), "residual 'mhc_lite' needs n_streams from 2 to 5, got 6"),
     (dict(residual="residual", alpha_init=0.1), "alpha_init: 'residual' does not use it; it applies to hc, mhc"),
     (dict(residual="ihc", n_streams=4, sinkhorn_iters=5), "sinkhorn_iters: 'ihc' does not use it; it applies to mhc"),
+    (dict(state_dtype="float16"), "unknown state_dtype 'float16'; choose one of: float32, bfloat16"),
 ])
 def test_model_a_setting_the_topology_would_ignore_is_an_error(config, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -588,6 +590,29 @@ def test_model_three_steps_break_stream_symmetry(name):
     # With a symmetric init (pre = 1/n on every stream) the spread stays at rounding
     # level, <= 3e-8 (measured); the asymmetric init gives >= 7e-6 after three steps.
     assert spread > 1e-6, f"{name}: the {h.shape[2]} streams are still identical (spread {spread:.1e})"
+
+
+@pytest.mark.parametrize("kernels", ["reference", "fused"])
+@pytest.mark.parametrize("name", list(TOPOLOGIES) + ["residual.x0"])
+def test_model_stores_a_bf16_state_and_computes_in_float32(name, kernels):
+    """state_dtype="bfloat16": after every sublayer the state is bf16 (the Block stores
+    it), while the model computes in float32: the loss at step 0 is the float32-state
+    model's up to the state's rounding, and training gets finite gradients."""
+    losses = {}
+    idx = torch.randint(0, 65, (3, 16), generator=torch.Generator().manual_seed(0))
+    for state_dtype in ("float32", "bfloat16"):
+        torch.manual_seed(0)
+        model = GPT(tiny_config(name, n_embd=24, kernels=kernels, state_dtype=state_dtype))
+        x0 = model.embed(idx)
+        h = model.streams(x0)
+        for block in model.transformer.h:
+            h = block(h, x0)
+            assert h.dtype == getattr(torch, state_dtype), f"{name}: the state became {h.dtype}"
+        _, loss = model(idx, idx)
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None), name
+        losses[state_dtype] = loss.item()
+    assert abs(losses["bfloat16"] - losses["float32"]) < 1e-3 * losses["float32"], losses  # bf16: 2^-9 relative
 
 
 @pytest.mark.parametrize("kernels", ["reference", "fused"])
@@ -1634,6 +1659,38 @@ def test_fused_stream_read_keeps_the_state_float32_under_bf16_autocast(impl):
     assert_close(f"{impl} stream_read", x, residuals.stream_read(h.double(), pre.double()), 1e-6)
 
 
+def bf16_state_inputs(mix):
+    """The model's dtypes with state_dtype="bfloat16" under bf16 autocast: h and y bf16,
+    the coefficients float32."""
+    inputs = stream_inputs(4, mix, torch.float32)
+    return {**inputs, "h": inputs["h"].bfloat16(), "y": inputs["y"].bfloat16()}
+
+
+@ALL_IMPLS
+@MIXES
+def test_fused_stream_ops_compute_a_bf16_state_in_float32(mix, impl):
+    """A bf16 state is read and written in float32 arithmetic, its float32 coefficients
+    unrounded: the read (float32) matches float64 on the same values to float32's
+    rounding, and the write is that of float64 rounded once, to its float32 output
+    (reference, fused) or its bf16 one (triton, which stores the state in the kernel).
+    Each element's error is bounded by float32's rounding of the sum of its terms'
+    magnitudes (the write of |h|, |mix|, |post|, |y|), plus, for a bf16 output, one bf16
+    step at the element (rounding or the interpreter's truncation): a coefficient
+    rounded to bf16 first would add up to 2^-9 of that sum."""
+    ops, inputs = implementation(impl), bf16_state_inputs(mix)
+    wide = {k: None if v is None else v.double() for k, v in inputs.items()}
+    x = ops.stream_read(inputs["h"], inputs["post"])
+    assert x.dtype == torch.float32, f"{impl}: the read is {x.dtype}"
+    assert_close(f"{impl} stream_read", x, residuals.stream_read(wide["h"], wide["post"]), 1e-6)
+    out, want = ops.stream_write(**inputs), residuals.stream_write(**wide)
+    terms = residuals.stream_write(**{k: None if v is None else v.abs() for k, v in wide.items()})
+    bound = 1e-6 * terms
+    if out.dtype == torch.bfloat16:
+        bound += 2.0 ** (torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - 7)  # the bf16 step at want
+    excess = ((out.double() - want).abs() / bound).max().item()
+    assert excess <= 1, f"{impl} stream_write ({out.dtype}): an error {excess:.1f} times its bound"
+
+
 @IMPLS
 @MIXES
 def test_fused_stream_ops_expanded_state(mix, impl):
@@ -1743,7 +1800,6 @@ def sinkhorn_definition(logits, iters=20, dtype=torch.float64):
     return M
 
 
-ALL_IMPLS = impls("reference", "fused", "triton")
 
 
 @ALL_IMPLS

@@ -54,6 +54,7 @@ residual = "residual"  # a topology (residuals.py) or a study variant (variants.
 n_streams = 0  # 0: the topology's default (1 for residual, 4 for the others)
 alpha_init = 0.01  # initial coefficient scales a_* (mHC) and s (HC)
 sinkhorn_iters = 20  # mhc: Sinkhorn-Knopp iterations
+state_dtype = "float32"  # the residual state's storage: float32 or bfloat16 (its arithmetic stays float32)
 kernels = "auto"  # the stream ops (model.stream_ops): auto (triton on CUDA, fused elsewhere), reference, fused, triton
 # AdamW, and the learning rate: warmup, then cosine to min_lr
 learning_rate = 4e-3  # ties 8e-3 on the CPU model (lab/results/cpu_tuned); nanoGPT's 1e-3: config/*_cpu.py

@@ -35,7 +35,8 @@ size (6 x 384, 6 heads, batch 64 x 256, dropout 0.2) unless --n_layer, --n_embd,
   the CUDA default), reference_compiled (residuals.py's ops, compiled the same
   way), triton_eager (the Triton ops, no compile); the residual has no stream ops
   and runs compiled, and eager beside triton_eager;
-- state dtypes: the residual state stored in float32 or bfloat16.
+- state dtypes: the residual state stored in float32 or bfloat16 (GPTConfig's
+  state_dtype; its arithmetic stays float32).
 The compiled float32 residual is measured first, in the same run as every row:
 each ratio is to it. Each row builds its model, takes one step (the compile, and
 the Triton kernels' first launches: `setup s`), `warmup` more, then `rounds`
@@ -77,7 +78,7 @@ import numpy as np
 import torch
 
 from configurator import check_ranges, configure, fail
-from model import GPT, GPTConfig
+from model import GPT, STATE_DTYPES, GPTConfig
 from prepare import DATA_DIR, get_batch, prepare_dataset
 from residuals import TOPOLOGIES, sinkhorn
 
@@ -89,7 +90,7 @@ n_embd = 128
 n_head = 4
 topologies = "all"  # comma-separated topologies to time, or all; on cuda GPU_DEFAULTS' six unless set
 ways = "triton_compiled,reference_compiled,triton_eager"  # cuda: how each topology runs (WAYS), in this order
-state_dtypes = "float32"  # cuda: comma-separated dtypes the residual state is stored in (STATE_BYTES), in this order
+state_dtypes = "float32,bfloat16"  # cuda: comma-separated dtypes the residual state is stored in, in this order
 warmup = 3  # untimed rounds first (cpu: with compile=True these compile the models; cuda: after the first step)
 rounds = 20  # timed rounds; every topology takes one step per round (cuda: timed steps per row)
 n_streams = 4  # for every topology but residual (1)
@@ -110,7 +111,6 @@ WAYS = {  # cuda: a way's (GPTConfig.kernels, each Block under torch.compile)
     "triton_eager": ("triton", False),
 }
 RESIDUAL_WAYS = {"compiled": ("reference", True), "eager": ("reference", False)}  # no stream ops: no kernels to pick
-STATE_BYTES = {"float32": 4, "bfloat16": 2}  # cuda: the state dtypes, and the bytes of one element
 # -----------------------------------------------------------------------------
 user_set = configure(globals())
 if device == "cuda":  # the settings not given follow the section, as train.py's do on a GPU
@@ -132,11 +132,8 @@ if any(name not in TOPOLOGIES for name in names) or "residual" not in names:
 way_names, dtype_names = ways.split(","), state_dtypes.split(",")
 if any(way not in WAYS for way in way_names) or len(set(way_names)) < len(way_names):
     fail(f"--ways={ways}: comma-separated names from {', '.join(WAYS)}, each once")
-if any(dtype not in STATE_BYTES for dtype in dtype_names) or len(set(dtype_names)) < len(dtype_names):
-    fail(f"--state_dtypes={state_dtypes}: comma-separated dtypes from {', '.join(STATE_BYTES)}, each once")
-if "bfloat16" in dtype_names and "state_dtype" not in GPTConfig.__dataclass_fields__:
-    fail(f"--state_dtypes={state_dtypes}: this model.py stores the state in float32 only (GPTConfig has no "
-         f"state_dtype yet: issue 48, item 4); use --state_dtypes=float32")
+if any(dtype not in STATE_DTYPES for dtype in dtype_names) or len(set(dtype_names)) < len(dtype_names):
+    fail(f"--state_dtypes={state_dtypes}: comma-separated dtypes from {', '.join(STATE_DTYPES)}, each once")
 if n_embd % n_head:
     fail(f"--n_embd={n_embd}, --n_head={n_head}: the width must be a multiple of the heads")
 if profile and (profile not in TOPOLOGIES or profile == "residual" or device != "cpu"):
@@ -327,7 +324,7 @@ COPY_BYTES = 2 ** 20 if dry_run else 2 ** 30  # the copy that measures the bandw
 def state_bytes(n, state_dtype):
     """The bytes of the residual state one training step moves at least: 5 passes over
     n streams of n_embd elements per token and sublayer (2 per Block)."""
-    return 5 * n * n_embd * STATE_BYTES[state_dtype] * BATCH * BLOCK * 2 * n_layer
+    return 5 * n * n_embd * getattr(torch, state_dtype).itemsize * BATCH * BLOCK * 2 * n_layer
 
 
 def extra_state_ms(n, state_dtype, copy):
@@ -385,10 +382,9 @@ def gpu_rows():
 def gpu_model(name, way, state_dtype):
     """A model of the section's size on DEVICE with its AdamW (fused on CUDA, as train.py's)."""
     kernels_impl, compiled = {**WAYS, **RESIDUAL_WAYS}[way]
-    dtype = {} if state_dtype == "float32" else dict(state_dtype=state_dtype)  # float32: GPTConfig's default
     config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=BLOCK, vocab_size=VOCAB, bias=False,
                        dropout=DROPOUT, residual=name, n_streams=1 if name == "residual" else n_streams,
-                       kernels=kernels_impl, **dtype)
+                       kernels=kernels_impl, state_dtype=state_dtype)
     torch.manual_seed(seed)
     model = GPT(config).to(DEVICE)
     optimizer = model.configure_optimizers(WEIGHT_DECAY, LEARNING_RATE, BETAS, DEVICE)
@@ -442,7 +438,8 @@ def measure(name, way, state_dtype):
         torch.cuda.empty_cache()  # the earlier rows' blocks back, for a large model's
     graphs = counters["stats"]["unique_graphs"]
     started = time.perf_counter()
-    step = train_step(*gpu_model(name, way, state_dtype))
+    model, optimizer = gpu_model(name, way, state_dtype)
+    step = train_step(model, optimizer)
     step()  # compiles a compiled model; the Triton kernels' first launches compile them
     synchronize()
     setup_s = time.perf_counter() - started
@@ -457,7 +454,7 @@ def measure(name, way, state_dtype):
     busy, ops = profiled(step, PROFILED_STEPS)
     p10, median, p90 = np.percentile(times, [10, 50, 90])
     return dict(median=median, p10=p10, p90=p90, busy=busy, ops=ops, setup_s=setup_s,
-                graphs=counters["stats"]["unique_graphs"] - graphs)
+                graphs=counters["stats"]["unique_graphs"] - graphs, state=model.config.state_dtype)
 
 
 def print_gpu_header(kernels, copy):
@@ -467,10 +464,10 @@ def print_gpu_header(kernels, copy):
               "time.perf_counter around each step (a CPU has no CUDA events). Profiler columns: the CPU's top-level "
               "ops (there is no GPU)")
     else:
-        print(f"{torch.cuda.get_device_name()}. Timer: CUDA events around each step. Profiler columns: the GPU's "
-              f"kernels, memsets and copies")
-    print(f"torch {torch.__version__}, triton {kernels.triton.__version__}; TF32 on; device-to-device copy "
-          f"{copy / 1e9:.4g} GB/s (reads and writes {COPY_BYTES / 2 ** 20:g} MiB)")
+        print(f"{torch.cuda.get_device_name()}. Timer: CUDA events around each step. TF32 on. Profiler columns: the "
+              f"GPU's kernels, memsets and copies")
+    print(f"torch {torch.__version__}, triton {kernels.triton.__version__}; device-to-device copy {copy / 1e9:.4g} GB/s "
+          f"(reads and writes {COPY_BYTES / 2 ** 20:g} MiB)")
     print(f"{size}, dropout {DROPOUT}, bf16 autocast, clip {GRAD_CLIP}, AdamW: train.py's step; n = {n_streams} "
           f"but for residual; per row the median and p10-p90 of {rounds} steps after the first and {warmup} more, "
           f"gc frozen; profiler columns per step, over {PROFILED_STEPS}; ratios to the compiled float32 residual; "
@@ -481,8 +478,8 @@ def print_gpu_header(kernels, copy):
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
 
 
-def print_gpu_row(name, way, state_dtype, row, base, copy):
-    n = 1 if name == "residual" else n_streams
+def print_gpu_row(name, way, row, base, copy):
+    n, state_dtype = 1 if name == "residual" else n_streams, row["state"]  # the dtype the model was built with
     extra = extra_state_ms(n, state_dtype, copy)
     print(f"| {name} | {way} | {state_dtype} | {n} | {row['median']:.2f} | {row['p10']:.2f}-{row['p90']:.2f} "
           f"| {row['median'] / base:.2f} | {state_bytes(n, state_dtype) / 1e9:.3g} | {extra:.3g} "
@@ -531,7 +528,7 @@ def gpu_rows_measured(copy):
             continue
         if base is None:
             base = row["median"]
-        print_gpu_row(name, way, state_dtype, row, base, copy)
+        print_gpu_row(name, way, row, base, copy)
     return failed
 
 

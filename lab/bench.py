@@ -51,12 +51,12 @@ each between two CUDA events; then a few steps under torch.profiler. Columns:
 - GPU-busy ms, kernels: per profiled step, the time the GPU's kernels (and
   memsets and copies) ran, summed, and how many ran; busy well under the step
   means the GPU waits on the host;
-- graphs: the graphs torch.compile made for the model: 1 Block graph for the
-  residual, 2 for a topology with streams (the first Block's state is the
-  embedding expanded over the streams, a stride-0 view the later Blocks'
-  contiguous state fails the guard of), however many layers; a third compile of
-  a Block fails its row (dynamo's recompile limit, set to 2): it would mean a
-  recompile per layer;
+- graphs: the graphs torch.compile made for the model, however many layers: 1
+  Block graph for the residual, 2 for a topology with streams (the first Block
+  gets the embedding expanded over the streams, a stride-0 view; the later
+  Blocks' contiguous state fails that graph's guard). A third compile of a Block
+  fails its row (dynamo's recompile limit, set to 2): it would mean a compile
+  per layer;
 - setup s: the row's model built, compiled and its first step taken.
 Every row is printed (flushed) as soon as it is measured, so a time-out keeps
 the rows before it; a row that fails prints its error (the traceback to stderr)
@@ -100,7 +100,7 @@ dry_run = False  # with --device=cuda: that section's code on the CPU at tiny si
 # On cuda, for every setting not given: train.py's GPU model and the rows of issue 48's bench
 GPU_DEFAULTS = dict(n_layer=6, n_head=6, n_embd=384, topologies="residual,ihc,norm_gated_ihc,hc,mhc,mhc_lite",
                     warmup=5, rounds=30)
-DRY_RUN_DEFAULTS = dict(GPU_DEFAULTS, n_layer=2, n_head=2, n_embd=32, warmup=1, rounds=3)  # 2 layers: 2 graphs
+DRY_RUN_DEFAULTS = dict(GPU_DEFAULTS, n_layer=3, n_head=2, n_embd=32, warmup=1, rounds=3)  # a 3rd Block reuses
 # Every numeric setting's allowed values, x its value (configurator.check_ranges)
 RANGES = dict(warmup="x >= 1", rounds="x >= 1", seed="0 <= x < 2**32",  # as train.py's seed
               n_layer="x >= 1", n_embd="x >= 1", n_head="x >= 1",
@@ -394,8 +394,9 @@ def gpu_model(name, way, state_dtype):
 
 
 def train_step(model, optimizer):
-    """train.py's step: forward under bf16 autocast, backward, clip, AdamW, zero_grad;
-    on random tokens (a few batches in turn), no host-device sync inside."""
+    """train.py's step: forward under bf16 autocast, backward, clip, AdamW, zero_grad
+    (without its bookkeeping: the loss and gradient norms it keeps for its log); on
+    random tokens, a few batches in turn; no host-device sync inside."""
     gen = torch.Generator(DEVICE).manual_seed(seed)
     batches = itertools.cycle(torch.randint(0, VOCAB, (4, 2, BATCH, BLOCK), generator=gen, device=DEVICE))
     parameters = list(model.parameters())

@@ -22,60 +22,118 @@ the machine is doing slows them all alike. The table gives per topology:
   differ between topologies only by their small coefficient projections.
 results/cpu_speed.md has the measured table and what bounds it.
 
-    python -m lab.bench --device=cuda                 # one GPU: the stream ops and training steps
+    python -m lab.bench --device=cuda                 # one GPU: every row below, train.py's GPU model (6 x 384)
+    python -m lab.bench --device=cuda --topologies=residual,mhc --ways=triton_compiled  # a few rows
+    python -m lab.bench --device=cuda --n_layer=12 --n_embd=768 --n_head=12            # GPT-2 small's size
     python -m lab.bench --device=cuda --dry_run=True  # that section's code on the CPU, tiny sizes, interpreter
 
-The GPU section times each stream op (forward + backward) three ways: residuals.py's
-reference ops eager, the same under torch.compile (what a GPU user would pick), and
-kernels.py's Triton kernels; at n = 4, 64 x 1024 tokens, C = 768, in the dtypes the
-model uses under bf16 autocast (float32 state and coefficients, bf16 sublayer
-output); with the bytes an ideal kernel moves (op_bytes), the GB/s that makes, and
-its share of a device-to-device copy measured in the same run. Then a training
-step of residual, mhc and ihc (GPT 6 x 384, batch 64 x 256) the same three ways.
-Triton is imported only there: the CPU sections run where it is not installed.
-gpu_check.sh runs it, and its dry run runs --dry_run=True.
+The GPU section times train.py's training step on one GPU (forward under bf16
+autocast, backward, gradient clipping, fused AdamW; TF32 on), at train.py's GPU
+size (6 x 384, 6 heads, batch 64 x 256, dropout 0.2) unless --n_layer, --n_embd,
+--n_head say otherwise. A row is a topology, a way and a state dtype:
+- ways: triton_compiled (kernels.py's Triton ops, each Block under torch.compile:
+  the CUDA default), reference_compiled (residuals.py's ops, compiled the same
+  way), triton_eager (the Triton ops, no compile); the residual has no stream ops
+  and runs compiled, and eager beside triton_eager;
+- state dtypes: the residual state stored in float32 or bfloat16 (GPTConfig's
+  state_dtype; its arithmetic stays float32).
+The compiled float32 residual is measured first, in the same run as every row:
+each ratio is to it. Each row builds its model, takes one step (the compile, and
+the Triton kernels' first launches: `setup s`), `warmup` more, then `rounds`
+timed steps with gc.freeze() (the collector skips every object made so far),
+each between two CUDA events; then a few steps under torch.profiler. Columns:
+- step ms: the median, and p10-p90, of the timed steps; vs residual: its ratio;
+- ideal state GB: the bytes of the residual state one step must move at least;
+  extra state ms: the time its bytes past the float32 residual's take at the
+  device-to-device copy bandwidth measured at the start of the run; limit: the
+  best ratio the shapes allow, the compiled residual's step plus that time, over
+  the compiled residual's step (derived above extra_state_ms);
+- GPU-busy ms, kernels: per profiled step, the time the GPU's kernels (and
+  memsets and copies) ran, summed, and how many ran; busy well under the step
+  means the GPU waits on the host;
+- graphs: the graphs torch.compile made for the model, however many layers: 1
+  Block graph for the residual, 2 for a topology with streams (the first Block
+  gets the embedding expanded over the streams, a stride-0 view; the later
+  Blocks' contiguous state fails that graph's guard). A third compile of a Block
+  fails its row (dynamo's recompile limit, set to 2): it would mean a compile
+  per layer;
+- setup s: the row's model built, compiled and its first step taken.
+Every row is printed (flushed) as soon as it is measured, so a time-out keeps
+the rows before it; a row that fails prints its error (the traceback to stderr)
+and the run goes on to the next, exiting 1 at the end. Triton is imported only
+in this section: the CPU sections run where it is not installed. The dry run
+runs this section's code on the CPU in Triton's interpreter at tiny sizes, timed
+with time.perf_counter (a CPU has no CUDA events); its profiler columns are the
+CPU's, labelled so. lab/gpu_check.sh runs it.
 """
+import gc
+import itertools
 import os
 import statistics
+import sys
 import time
+import traceback
 
 import numpy as np
 import torch
 
-import residuals
 from configurator import check_ranges, configure, fail
-from model import GPT, GPTConfig
+from model import GPT, STATE_DTYPES, GPTConfig
 from prepare import DATA_DIR, get_batch, prepare_dataset
 from residuals import TOPOLOGIES, sinkhorn
 
 # -----------------------------------------------------------------------------
 device = "cpu"  # picks the section: cpu or cuda
-compile = False  # also time every fused model under torch.compile, side by side with eager
-n_layer = 4  # the CPU section's model: train.py's CPU defaults (4 x 128, 4 heads)
+compile = False  # cpu: also time every fused model under torch.compile, side by side with eager
+n_layer = 4  # the model: train.py's CPU defaults (4 x 128, 4 heads); on cuda its GPU ones (GPU_DEFAULTS)
 n_embd = 128
 n_head = 4
-topologies = "all"  # comma-separated topologies to time, or all
-warmup = 3  # untimed rounds first (with compile=True these compile the models)
-rounds = 20  # timed rounds; every topology takes one step per round
+topologies = "all"  # comma-separated topologies to time, or all; on cuda GPU_DEFAULTS' six unless set
+ways = "triton_compiled,reference_compiled,triton_eager"  # cuda: how each topology runs (WAYS), in this order
+state_dtypes = "float32,bfloat16"  # cuda: comma-separated dtypes the residual state is stored in, in this order
+warmup = 3  # untimed rounds first (cpu: with compile=True these compile the models; cuda: after the first step)
+rounds = 20  # timed rounds; every topology takes one step per round (cuda: timed steps per row)
 n_streams = 4  # for every topology but residual (1)
 seed = 1337
 profile = ""  # a topology: instead of the table, where its added step time goes, op by op (CPU)
 dry_run = False  # with --device=cuda: that section's code on the CPU at tiny sizes (Triton's interpreter)
+# On cuda, for every setting not given: train.py's GPU model and the rows of issue 48's bench
+GPU_DEFAULTS = dict(n_layer=6, n_head=6, n_embd=384, topologies="residual,ihc,norm_gated_ihc,hc,mhc,mhc_lite",
+                    warmup=5, rounds=30)
+DRY_RUN_DEFAULTS = dict(GPU_DEFAULTS, n_layer=3, n_head=2, n_embd=32, warmup=1, rounds=3)  # a 3rd Block reuses
 # Every numeric setting's allowed values, x its value (configurator.check_ranges)
 RANGES = dict(warmup="x >= 1", rounds="x >= 1", seed="0 <= x < 2**32",  # as train.py's seed
               n_layer="x >= 1", n_embd="x >= 1", n_head="x >= 1",
               n_streams="2 <= x <= 5")  # every stream topology takes it: mhc_lite at most 5
+WAYS = {  # cuda: a way's (GPTConfig.kernels, each Block under torch.compile)
+    "triton_compiled": ("triton", True),  # the CUDA default
+    "reference_compiled": ("reference", True),
+    "triton_eager": ("triton", False),
+}
+RESIDUAL_WAYS = {"compiled": ("reference", True), "eager": ("reference", False)}  # no stream ops: no kernels to pick
 # -----------------------------------------------------------------------------
-configure(globals())
+user_set = configure(globals())
+if device == "cuda":  # the settings not given follow the section, as train.py's do on a GPU
+    globals().update({key: value for key, value in (DRY_RUN_DEFAULTS if dry_run else GPU_DEFAULTS).items()
+                      if key not in user_set})
 check_ranges(globals(), RANGES)
 if dry_run and device != "cuda":
     fail(f"--dry_run=True runs the GPU section's code on the CPU: it takes --device=cuda, got '{device}'")
+if device == "cuda" and "compile" in user_set:
+    fail("--compile is the CPU section's; with --device=cuda, --ways says compiled or eager")
+if device != "cuda" and {"ways", "state_dtypes"} & user_set:
+    fail(f"--{min({'ways', 'state_dtypes'} & user_set)} is the GPU section's: it takes --device=cuda")
 if dry_run:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (kernels.py, in gpu_section)
 names = list(TOPOLOGIES) if topologies == "all" else topologies.split(",")
 if any(name not in TOPOLOGIES for name in names) or "residual" not in names:
     fail(f"--topologies={topologies}: comma-separated names from {', '.join(TOPOLOGIES)}, residual among them "
          f"(the ratios are to it), or all")
+way_names, dtype_names = ways.split(","), state_dtypes.split(",")
+if any(way not in WAYS for way in way_names) or len(set(way_names)) < len(way_names):
+    fail(f"--ways={ways}: comma-separated names from {', '.join(WAYS)}, each once")
+if any(dtype not in STATE_DTYPES for dtype in dtype_names) or len(set(dtype_names)) < len(dtype_names):
+    fail(f"--state_dtypes={state_dtypes}: comma-separated dtypes from {', '.join(STATE_DTYPES)}, each once")
 if n_embd % n_head:
     fail(f"--n_embd={n_embd}, --n_head={n_head}: the width must be a multiple of the heads")
 if profile and (profile not in TOPOLOGIES or profile == "residual" or device != "cpu"):
@@ -231,197 +289,203 @@ def sinkhorn_gap(matrices=10000, iters=20):
         print(f"| {scale} | {rows.median():.1e} | {rows.max():.1e} | {columns.max():.1e} |")
 
 
-# The GPU section's sizes (the dry run's tiny stand-ins after them). Its cost, for
-# gpu_check.sh's 260 s cap, is torch.compile: 5 ops and 3 models of 6 x 384, each
-# compiled once at static shapes (~6 s an op, ~30 s a model: ~120 s); every timing
-# is a few hundred ms; expected ~160 s in all, with start-up and the Triton kernels'
-# first compiles. Not measured on a GPU yet.
-OP_TOKENS, OP_WIDTH = (65536, 768) if not dry_run else (32, 40)  # B*T tokens (64 x 1024: a GPT-2 batch), C
-STREAMS = 4  # n
-STEP_MODEL = (dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch=64) if not dry_run  # train.py's GPU size
-              else dict(n_layer=1, n_head=2, n_embd=32, block_size=16, batch=2))
-STEP_TOPOLOGIES = ("residual", "mhc", "ihc")  # none, a full mix with Sinkhorn, the identity mix
+# -----------------------------------------------------------------------------
+# The GPU section: train.py's training step per (topology, way, state dtype), beside the compiled residual
+
 DEVICE = "cpu" if dry_run else "cuda"
 # inductor on a GPU; on the CPU the dry run traces with aot_eager (inductor there would
 # compile C++, which a GPU would not run)
 BACKEND = "aot_eager" if dry_run else "inductor"
-# The model's dtypes under bf16 autocast (train.py's default on a GPU): the state h and
-# every coefficient stay float32 (residuals.py keeps the coefficient maths in float32,
-# the stream write returns h's dtype), the sublayer output y is bf16.
-STATE_DTYPE, OUTPUT_DTYPE, COEF_DTYPE = torch.float32, torch.bfloat16, torch.float32
+BATCH, BLOCK = (2, 16) if dry_run else (64, 256)  # sequences x tokens: train.py's GPU batch_size, block_size
+DROPOUT, LEARNING_RATE, BETAS, WEIGHT_DECAY, GRAD_CLIP = 0.2, 1e-3, (0.9, 0.99), 0.1, 1.0  # train.py's, on a GPU
+VOCAB = 65  # shakespeare_char's, train.py's default dataset
+BLOCK_GRAPHS = 2  # torch.compile's graphs per Block code: the first Block's expanded state, then the rest
+PROFILED_STEPS = 1 if dry_run else 5
+COPY_BYTES = 2 ** 20 if dry_run else 2 ** 30  # the copy that measures the bandwidth: 1 GiB, far past the L2
 
 
-def op_bytes(op, n, C, state_bytes=4, output_bytes=2, coef_bytes=4, mix="full"):
-    """(forward, backward) bytes per token that an ideal kernel reads + writes in
-    HBM: every input once, every output once. s = state_bytes per element of h,
-    its gradient and the read's output x (h's dtype); o = output_bytes per element
-    of the sublayer output y and dy; c = coef_bytes per coefficient (pre, post, mix);
-    m = n*n coefficients for a full mix, n diagonal, 0 none.
+# The limit, counted from the shapes (issue 48). Every sublayer moves its residual
+# state at least 5 times per training step: the forward reads h and writes h'; the
+# backward reads the gradient of h' and h itself (the coefficients' and the norm's
+# gradients need it) and writes the gradient of h. With n streams of C channels
+# stored in s bytes per element that is 5 n C s bytes per token and sublayer; the
+# residual moves its one float32 stream the same 5 times, 5 C 4 bytes. So a
+# topology moves at least
+#     5 C (n s - 4) bytes per token and sublayer more than the float32 residual:
+#     5 C (4n - 4) with a float32 state, 5 C (2n - 4) with a bf16 one
+# (negative for the bf16 residual, n = 1: half of the float32 residual's bytes).
+# The rest of a step is the same for every topology or small beside it (the
+# coefficients are O(n^2) numbers per token, the attention and the MLP the same
+# matmuls). Those bytes cannot move faster than a device-to-device copy, measured
+# in the same run; so no topology's step is shorter than the compiled residual's
+# plus that time, and the best ratio to the residual is
+#     limit = (residual ms + extra bytes / copy bandwidth) / residual ms.
 
-        stream_read   fwd  read h n*C*s, pre n*c                 write x C*s
-                      bwd  read h n*C*s, dx C*s, pre n*c         write dh n*C*s, dpre n*c
-        stream_write  fwd  read h n*C*s, y C*o, post n*c, mix m*c
-                                                                 write out n*C*s
-                      bwd  read g n*C*s, h n*C*s, y C*o, post n*c, mix m*c
-                                                                 write dh n*C*s, dy C*o, dpost n*c, dmix m*c
-                           identity: dh is g itself, h is not needed: no h read, no dh write
-        sinkhorn      fwd  read logits n*n*c                     write n*n*4 (float32)
-         (per matrix) bwd  read logits n*n*c, grad n*n*4         write d logits n*n*c
-    """
-    s, o, c = state_bytes, output_bytes, coef_bytes
-    if op == "stream_read":
-        return n * C * s + n * c + C * s, 2 * n * C * s + C * s + 2 * n * c
-    if op == "stream_write":
-        m = {"full": n * n, "diagonal": n, "none": 0}[mix]
-        coefs = (n + m) * c
-        forward = 2 * n * C * s + C * o + coefs
-        state = n * C * s if mix == "none" else 3 * n * C * s  # g (+ h read and dh written)
-        return forward, state + 2 * C * o + 2 * coefs
-    if op == "sinkhorn":
-        return n * n * (c + 4), n * n * (2 * c + 4)
-    raise ValueError(f"unknown op {op}")
+def state_bytes(n, state_dtype):
+    """The bytes of the residual state one training step moves at least: 5 passes over
+    n streams of n_embd elements per token and sublayer (2 per Block)."""
+    return 5 * n * n_embd * getattr(torch, state_dtype).itemsize * BATCH * BLOCK * 2 * n_layer
 
 
-def median_ms(fn):
-    """Median ms of fn(): triton.testing.do_bench on a GPU (CUDA events, the L2 cache
-    flushed before each run); in the dry run, time.perf_counter over 3 runs after one."""
+def extra_state_ms(n, state_dtype, copy):
+    """The ms the state's bytes past the float32 residual's, 5 C (n s - 4) per token and
+    sublayer, take at copy bytes/s: at best a topology's step is this much longer."""
+    return 1e3 * (state_bytes(n, state_dtype) - state_bytes(1, "float32")) / copy
+
+
+def synchronize():
     if DEVICE == "cuda":
-        from triton.testing import do_bench
-        return do_bench(fn, return_mode="median")
-    fn()
+        torch.cuda.synchronize()
+
+
+def step_times_ms(fn, steps):
+    """Each call's ms. On a GPU two CUDA events around each call, timed on the GPU's
+    stream: with the host ahead, a call's time is its GPU work; with the GPU waiting on
+    the host, the host's. In the dry run time.perf_counter (a CPU runs synchronously)."""
+    if DEVICE == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in events]
     times = []
-    for _ in range(3):
+    for _ in range(steps):
         t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        times.append(1e3 * (time.perf_counter() - t0))
+    return times
 
 
 def copy_bytes_per_s():
-    """Bandwidth of a plain device-to-device copy, measured here: it reads and writes `size` bytes."""
-    size = 2 ** 20 if dry_run else 2 ** 30
-    src = torch.empty(size, dtype=torch.uint8, device=DEVICE)
+    """Bandwidth of a plain device-to-device copy, measured here: it reads and writes
+    COPY_BYTES bytes, random (never time zeros)."""
+    src = torch.randint(0, 256, (COPY_BYTES,), dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
-    return 2 * size / (median_ms(lambda: dst.copy_(src)) * 1e-3)
+    dst.copy_(src)
+    return 2 * COPY_BYTES / (statistics.median(step_times_ms(lambda: dst.copy_(src), 20)) * 1e-3)
 
 
-def op_inputs(op, mix):
-    """Leaf tensors for one op at B = 1, T = OP_TOKENS, in the model's dtypes (STATE_DTYPE and so on)."""
-    n, T, C = STREAMS, OP_TOKENS, OP_WIDTH
-    gen = torch.Generator(DEVICE).manual_seed(seed)
-    leaf = lambda *shape, dtype=COEF_DTYPE: (torch.rand(*shape, generator=gen, device=DEVICE)
-                                             .to(dtype).requires_grad_())
-    if op == "sinkhorn":
-        return [leaf(1, T, n, n)]
-    h = leaf(1, T, n, C, dtype=STATE_DTYPE)
-    if op == "stream_read":
-        return [h, leaf(1, T, n)]
-    mixes = {"full": leaf(1, T, n, n), "diagonal": leaf(1, T, n), "none": None}
-    return [h, mixes[mix], leaf(1, T, n), leaf(1, T, C, dtype=OUTPUT_DTYPE)]
+def gpu_rows():
+    """(topology, way, state dtype) in the order measured: the compiled float32 residual
+    first (every ratio's denominator), then per state dtype its residual (compiled, and
+    eager beside triton_eager) and every topology each way."""
+    rows = [("residual", "compiled", "float32")]
+    for dtype in dtype_names:
+        rows += [("residual", way, dtype) for way in ("compiled", "eager") if way == "compiled"
+                 or "triton_eager" in way_names]
+        rows += [(name, way, dtype) for name in names if name != "residual" for way in way_names]
+    return list(dict.fromkeys(rows))  # the float32 residual once
 
 
-def time_fwd_bwd(fn, inputs):
-    """Median ms of fn(*inputs) and its backward with a fixed random upstream gradient.
-    The leaves' gradients are dropped before each run: accumulating into them would
-    add a pass over the state that no training step makes."""
-    leaves = [x for x in inputs if x is not None]
-    grad = torch.randn(fn(*inputs).shape, generator=torch.Generator(DEVICE).manual_seed(seed), device=DEVICE)
-
-    def step():
-        for x in leaves:
-            x.grad = None
-        fn(*inputs).backward(grad)
-
-    return median_ms(step)
-
-
-def bench_ops(kernels, copy):
-    """Each stream op, forward + backward, three ways: residuals.py eager, residuals.py
-    under torch.compile (static shapes: what a GPU user with fixed batches gets), and
-    kernels.py. GB/s: op_bytes' ideal bytes over the time, for all three alike."""
-    n, T, C = STREAMS, OP_TOKENS, OP_WIDTH
-    cases = [("sinkhorn", None), ("stream_read", None)] + [("stream_write", mix) for mix in ("full", "diagonal", "none")]
-    print(f"stream ops, forward + backward, n = {n}, {T} tokens, C = {C}; float32 state and coefficients, bf16 y; "
-          f"GB/s of the ideal bytes (op_bytes: every input read once, every output written once) and its share "
-          f"of the copy's {copy / 1e9:.3g} GB/s\n")
-    print("| op | MB moved | reference eager us | reference compiled us | triton us | eager GB/s (copy %) "
-          "| compiled GB/s (copy %) | triton GB/s (copy %) | compiled / triton |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for op, mix in cases:
-        inputs = op_inputs(op, mix)
-        compiled = torch.compile(getattr(residuals, op), dynamic=False, backend=BACKEND)
-        ms = [time_fwd_bwd(fn, inputs) for fn in (getattr(residuals, op), compiled, getattr(kernels, op))]
-        moved = T * sum(op_bytes(op, n, C, mix=mix or "full"))
-        rates = [moved / (t * 1e-3) for t in ms]
-        name = f"{op} ({mix})" if mix else op
-        print(f"| {name} | {moved / 1e6:.3g} | " + " | ".join(f"{1e3 * t:.1f}" for t in ms) + " | "
-              + " | ".join(f"{r / 1e9:.3g} ({100 * r / copy:.0f}%)" for r in rates)
-              + f" | {ms[1] / ms[2]:.2f}x |", flush=True)
-
-
-def train_step_ms(residual, kernel_impl, compiled):
-    """Median ms of one AdamW training step of STEP_MODEL on random tokens, under bf16
-    autocast on a GPU (float32 in the dry run); the model compiled as train.py's
-    --compile=True does (the optimizer step stays eager)."""
-    size = dict(STEP_MODEL)
-    batch = size.pop("batch")
-    n_streams = residuals.TOPOLOGIES[residual].default_n_streams
-    config = GPTConfig(**size, vocab_size=65, bias=False, dropout=0.0, residual=residual, n_streams=n_streams,
-                       kernels=kernel_impl)
+def gpu_model(name, way, state_dtype):
+    """A model of the section's size on DEVICE with its AdamW (fused on CUDA, as train.py's)."""
+    kernels_impl, compiled = {**WAYS, **RESIDUAL_WAYS}[way]
+    config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=BLOCK, vocab_size=VOCAB, bias=False,
+                       dropout=DROPOUT, residual=name, n_streams=1 if name == "residual" else n_streams,
+                       kernels=kernels_impl, state_dtype=state_dtype)
     torch.manual_seed(seed)
     model = GPT(config).to(DEVICE)
-    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), DEVICE)
+    optimizer = model.configure_optimizers(WEIGHT_DECAY, LEARNING_RATE, BETAS, DEVICE)
     if compiled:
         model.compile_blocks(backend=BACKEND)
+    return model, optimizer
+
+
+def train_step(model, optimizer):
+    """train.py's step: forward under bf16 autocast, backward, clip, AdamW, zero_grad
+    (without its bookkeeping: the loss and gradient norms it keeps for its log); on
+    random tokens, a few batches in turn; no host-device sync inside."""
     gen = torch.Generator(DEVICE).manual_seed(seed)
-    x, y = torch.randint(0, 65, (2, batch, config.block_size), generator=gen, device=DEVICE)
+    batches = itertools.cycle(torch.randint(0, VOCAB, (4, 2, BATCH, BLOCK), generator=gen, device=DEVICE))
+    parameters = list(model.parameters())
 
     def step():
-        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
+        x, y = next(batches)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
             _, loss = model(x, y)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, GRAD_CLIP)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    step()  # compiles a compiled model, outside the timing
-    return median_ms(step)
+    return step
 
 
-def bench_train():
-    size = STEP_MODEL
-    print(f"\ntraining step, GPT {size['n_layer']} x {size['n_embd']}, batch {size['batch']} x {size['block_size']}, "
-          f"{'bf16 autocast' if DEVICE == 'cuda' else 'float32'}, AdamW; median ms. reference: residuals.py's ops, "
-          f"eager and with the model under torch.compile; triton: kernels.py's ops, eager. Ratios to residual "
-          f"run the same way (triton's to residual eager: residual has no stream ops)\n")
-    print("| topology | n | reference eager ms | reference compiled ms | triton ms | eager / residual "
-          "| compiled / residual | triton / residual | compiled / triton |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    base = None
-    for name in STEP_TOPOLOGIES:  # a row as soon as it is measured
-        eager, compiled = train_step_ms(name, "reference", False), train_step_ms(name, "reference", True)
-        base = base or (eager, compiled)
-        n = residuals.TOPOLOGIES[name].default_n_streams
-        if name == "residual":
-            print(f"| {name} | {n} | {eager:.1f} | {compiled:.1f} | - | 1.00 | 1.00 | - | - |", flush=True)
-            continue
-        triton = train_step_ms(name, "triton", False)
-        print(f"| {name} | {n} | {eager:.1f} | {compiled:.1f} | {triton:.1f} | {eager / base[0]:.2f} | "
-              f"{compiled / base[1]:.2f} | {triton / base[0]:.2f} | {compiled / triton:.2f}x |", flush=True)
+def profiled(step, steps):
+    """(busy ms, ops) per step under torch.profiler: on a GPU the summed time of the
+    GPU's kernels, memsets and copies (one stream: they never overlap) and their number;
+    in the dry run the same of the CPU's top-level ops (there is no GPU)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (DEVICE == "cuda")
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        synchronize()
+    events = [e for e in prof.events() if (e.device_type == DeviceType.CUDA if DEVICE == "cuda"
+                                           else e.device_type == DeviceType.CPU and e.cpu_parent is None)]
+    busy_us = sum(e.time_range.end - e.time_range.start for e in events)
+    return busy_us / 1e3 / steps, len(events) / steps
 
 
-def print_bytes():
-    print(f"bytes per token, n = {STREAMS}, C = {OP_WIDTH}, the model's dtypes: float32 state and coefficients, "
-          "bf16 sublayer output (sinkhorn: per matrix)\n")
-    print("| op | forward | backward |")
-    print("|---|---|---|")
-    print("| sinkhorn | %d | %d |" % op_bytes("sinkhorn", STREAMS, 0))
-    print("| stream_read | %d | %d |" % op_bytes("stream_read", STREAMS, OP_WIDTH))
-    for mix in ("full", "diagonal", "none"):
-        print(f"| stream_write ({mix}) | %d | %d |" % op_bytes("stream_write", STREAMS, OP_WIDTH, mix=mix))
+def measure(name, way, state_dtype):
+    """One row: the model built and compiled, a first step, `warmup` more, `rounds`
+    timed with the collector frozen, then PROFILED_STEPS under the profiler."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()  # this model's compiles only: no earlier model's cache entries to check guards against
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()  # the earlier rows' blocks back, for a large model's
+    graphs = counters["stats"]["unique_graphs"]
+    started = time.perf_counter()
+    model, optimizer = gpu_model(name, way, state_dtype)
+    step = train_step(model, optimizer)
+    step()  # compiles a compiled model; the Triton kernels' first launches compile them
+    synchronize()
+    setup_s = time.perf_counter() - started
+    for _ in range(warmup):
+        step()
+    gc.collect()
+    gc.freeze()  # every object so far out of the collector's reach: a collection inside a step has little to scan
+    try:
+        times = step_times_ms(step, rounds)
+    finally:
+        gc.unfreeze()
+    busy, ops = profiled(step, PROFILED_STEPS)
+    p10, median, p90 = np.percentile(times, [10, 50, 90])
+    return dict(median=median, p10=p10, p90=p90, busy=busy, ops=ops, setup_s=setup_s,
+                graphs=counters["stats"]["unique_graphs"] - graphs, state=model.config.state_dtype)
 
 
-# -----------------------------------------------------------------------------
-# The GPU section
+def print_gpu_header(kernels, copy):
+    size = f"GPT {n_layer} x {n_embd}, {n_head} heads, batch {BATCH} x {BLOCK}"
+    if dry_run:
+        print("DRY RUN on the CPU, Triton's interpreter, tiny sizes: these numbers say nothing about a GPU. Timer: "
+              "time.perf_counter around each step (a CPU has no CUDA events). Profiler columns: the CPU's top-level "
+              "ops (there is no GPU)")
+    else:
+        print(f"{torch.cuda.get_device_name()}. Timer: CUDA events around each step. TF32 on. Profiler columns: the "
+              f"GPU's kernels, memsets and copies")
+    print(f"torch {torch.__version__}, triton {kernels.triton.__version__}; device-to-device copy {copy / 1e9:.4g} GB/s "
+          f"(reads and writes {COPY_BYTES / 2 ** 20:g} MiB)")
+    print(f"{size}, dropout {DROPOUT}, bf16 autocast, clip {GRAD_CLIP}, AdamW: train.py's step; n = {n_streams} "
+          f"but for residual; per row the median and p10-p90 of {rounds} steps after the first and {warmup} more, "
+          f"gc frozen; profiler columns per step, over {PROFILED_STEPS}; ratios to the compiled float32 residual; "
+          f"limit: its step plus the extra state bytes at the copy's bandwidth\n")
+    busy, ops = ("GPU-busy ms", "kernels") if DEVICE == "cuda" else ("CPU-busy ms (dry run)", "CPU ops (dry run)")
+    print(f"| topology | way | state | n | step ms | p10-p90 ms | vs residual | ideal state GB | extra state ms "
+          f"| limit | {busy} | {ops} | graphs | setup s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+
+
+def print_gpu_row(name, way, row, base, copy):
+    n, state_dtype = 1 if name == "residual" else n_streams, row["state"]  # the dtype the model was built with
+    extra = extra_state_ms(n, state_dtype, copy)
+    print(f"| {name} | {way} | {state_dtype} | {n} | {row['median']:.2f} | {row['p10']:.2f}-{row['p90']:.2f} "
+          f"| {row['median'] / base:.2f} | {state_bytes(n, state_dtype) / 1e9:.3g} | {extra:.3g} "
+          f"| {(base + extra) / base:.2f} | {row['busy']:.2f} | {row['ops']:.0f} | {row['graphs']} "
+          f"| {row['setup_s']:.1f} |", flush=True)
 
 
 def gpu_section():
@@ -434,16 +498,39 @@ def gpu_section():
     if kernels.INTERPRETED != dry_run:
         fail(f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')} with --dry_run={dry_run}: the dry run sets it "
              "to 1 itself; a GPU run needs it unset or 0")
-    torch._dynamo.config.recompile_limit = 64  # every op and model is its own compile
-    name = "CPU, Triton's interpreter: DRY RUN, these times say nothing about a GPU" if dry_run else \
-        torch.cuda.get_device_name()
-    print(f"{name}; torch {torch.__version__}, triton {kernels.triton.__version__}\n")
+    torch.backends.cuda.matmul.allow_tf32 = True  # as train.py
+    torch.backends.cudnn.allow_tf32 = True
+    started = time.perf_counter()
     copy = copy_bytes_per_s()
-    print(f"device-to-device copy: {copy / 1e9:.3g} GB/s (reads and writes {'1 MiB' if dry_run else '1 GiB'})\n")
-    print_bytes()
-    print()
-    bench_ops(kernels, copy)
-    bench_train()
+    print_gpu_header(kernels, copy)
+    # past BLOCK_GRAPHS compiles of a Block, a raise, not a silent fall back to eager
+    with torch._dynamo.config.patch(recompile_limit=BLOCK_GRAPHS, fail_on_recompile_limit_hit=True):
+        failed = gpu_rows_measured(copy)
+    print(f"\n{len(gpu_rows())} rows in {time.perf_counter() - started:.0f} s")
+    if failed:
+        print(f"error: {len(failed)} row(s) failed: {', '.join(failed)} (the tracebacks are on stderr)",
+              file=sys.stderr)
+        sys.exit(1)
+
+
+def gpu_rows_measured(copy):
+    """Measure and print every row as it comes; return the rows that failed."""
+    base, failed = None, []
+    for name, way, state_dtype in gpu_rows():
+        try:
+            row = measure(name, way, state_dtype)
+        except Exception as e:  # compile, Triton and CUDA raise many types; the next row may still run
+            if base is None:
+                raise  # without the compiled residual no row has a ratio
+            traceback.print_exc()
+            print(f"| {name} | {way} | {state_dtype} | FAILED: {type(e).__name__}: "
+                  f"{(str(e).strip().splitlines() or ['no message'])[0][:200]} |", flush=True)
+            failed.append(f"{name} {way} {state_dtype}")
+            continue
+        if base is None:
+            base = row["median"]
+        print_gpu_row(name, way, row, base, copy)
+    return failed
 
 
 SECTIONS = {"cpu": cpu_section, "cuda": gpu_section}

@@ -178,6 +178,12 @@ def test_flop_matched_iterations():
     ("lab/bench.py", ["--device=tpu"], "no benchmark section for device 'tpu'; choose one of: cpu, cuda"),
     ("lab/bench.py", ["--rounds=many"], "--rounds=many: expected a value of type int"),
     ("lab/bench.py", ["--profile=residual"], "--profile takes a topology other than residual, with --device=cpu"),
+    ("lab/bench.py", ["--device=cuda", "--ways=triton"],
+     "--ways=triton: comma-separated names from triton_compiled, reference_compiled, triton_eager, each once"),
+    ("lab/bench.py", ["--device=cuda", "--state_dtypes=float32,float32"],
+     "--state_dtypes=float32,float32: comma-separated dtypes from float32, bfloat16, each once"),
+    ("lab/bench.py", ["--ways=triton_eager"], "--ways is the GPU section's: it takes --device=cuda"),
+    ("lab/bench.py", ["--device=cuda", "--compile=True"], "--compile is the CPU section's; with --device=cuda, --ways"),
     ("lab/compare.py", ["--variants=mhc,MHC"], "--variants=mhc,MHC: each must be one of " + ", ".join(TOPOLOGIES)),
     ("lab/compare.py", ["--variants=bogus"], "--variants=bogus: each must be one of " + ", ".join(TOPOLOGIES)),
     ("lab/compare.py", ["--preset=gates", "--variants=hc"], "--variants=hc: each must be one of residual, ihc, "
@@ -840,6 +846,65 @@ def test_bench_profile_names_where_the_time_goes():
     assert all(abs(a - (m - r)) < 0.011 for a, m, r in zip(added, mhc_ms, residual_ms)), stdout
     assert residual_ms[0] == 0 and mhc_ms[0] > 0, stdout
     assert any("[768, 4, 4]" in row[1] for row in rows), stdout
+
+
+def bench_table(stdout):
+    """The rows of bench.py's GPU table: a dict per measured row, by column name; a FAILED
+    row as its first three cells and the message."""
+    lines = [line.strip("| ").split(" | ") for line in stdout.splitlines() if line.startswith("| ")]
+    header = lines[0]
+    return [dict(zip(header, cells)) if len(cells) == len(header) else dict(zip(header[:3], cells[:3]), failed=cells[3])
+            for cells in lines[1:]]
+
+
+@slow  # a dry run of ten models in Triton's interpreter: ~1 min
+def test_bench_gpu_dry_run_prints_every_row_beside_the_compiled_residual(monkeypatch):
+    """bench.py --device=cuda --dry_run=True, every way and state dtype: the compiled
+    float32 residual first, then per state dtype its residual, compiled and (beside
+    triton_eager) eager, and ihc every way. Each row's ratio is to the first row; the
+    ideal state bytes are 5 n C s per token and sublayer (n streams of C channels, s
+    bytes each); the extra state ms is the time of the bytes past the float32
+    residual's, 5 C (n s - 4), at the copy bandwidth the run measured, and the limit
+    the first row's step plus it; torch.compile made 1 graph for the residual's Blocks
+    and 2 for ihc's 3 (the first Block's expanded state, then the rest), none eager. hc,
+    broken on purpose, fails its rows: the run goes on, and says which failed in its
+    exit status and last line. The dry run says which timer it used, and labels its
+    profiler columns the CPU's."""
+    from residuals import HyperConnection
+
+    def broken(self, *args):
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(HyperConnection, "forward", broken)
+    status, stdout, stderr = run_in_this_process("lab/bench.py", "--device=cuda", "--dry_run=True",
+                                                 "--topologies=residual,ihc,hc")
+    ways = ["triton_compiled", "reference_compiled", "triton_eager"]
+    hc_rows = [f"hc {way} {dtype}" for dtype in ("float32", "bfloat16") for way in ways]
+    assert status == 1 and stderr.strip().splitlines()[-1] == (
+        f"error: 6 row(s) failed: {', '.join(hc_rows)} (the tracebacks are on stderr)"), stderr[-3000:]
+    assert "Timer: time.perf_counter around each step (a CPU has no CUDA events)" in stdout, stdout
+    rows = bench_table(stdout)
+    assert [f"{row['topology']} {row['way']} {row['state']}" for row in rows] == [
+        f"{name} {way} {dtype}" for dtype in ("float32", "bfloat16")
+        for name, way in [("residual", "compiled"), ("residual", "eager"), *(("ihc", way) for way in ways),
+                          *(("hc", way) for way in ways)]], stdout
+    assert [row for row in rows if "failed" in row] == [row for row in rows if row["topology"] == "hc"], stdout
+    assert all(row["failed"].startswith("FAILED: RuntimeError: broken on purpose") for row in rows if "failed" in row)
+    copy = float(re.search(r"device-to-device copy ([0-9.e+]+) GB/s", stdout).group(1)) * 1e9
+    base = float(rows[0]["step ms"])
+    tokens_sublayers = 2 * 16 * 3 * 2  # batch 2 x 16, 3 Blocks of 2 sublayers (DRY_RUN_DEFAULTS)
+    for row in (row for row in rows if "failed" not in row):
+        n, s, step = int(row["n"]), {"float32": 4, "bfloat16": 2}[row["state"]], float(row["step ms"])
+        low, high = map(float, row["p10-p90 ms"].split("-"))
+        ratio = step / base  # of the printed numbers, each rounded: to 1%
+        assert low <= step <= high and abs(float(row["vs residual"]) - ratio) <= 0.005 + 0.01 * ratio, row
+        assert row["ideal state GB"] == f"{5 * n * 32 * s * tokens_sublayers / 1e9:.3g}", row
+        extra_ms = 1e3 * 5 * 32 * (n * s - 4) * tokens_sublayers / copy
+        assert abs(float(row["extra state ms"]) - extra_ms) <= 0.01 * abs(extra_ms), (row, extra_ms)
+        assert row["limit"] == f"{(base + float(row['extra state ms'])) / base:.2f}", row
+        assert float(row["CPU ops (dry run)"]) > 0 and float(row["CPU-busy ms (dry run)"]) > 0, row
+        assert row["graphs"] == {"residual compiled": "1", "residual eager": "0", "ihc triton_eager": "0"}.get(
+            f"{row['topology']} {row['way']}", "2"), row
 
 
 # gpu_check.sh's verdicts, on stand-in tests.py and bench.py in a copy of the script:

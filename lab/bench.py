@@ -51,12 +51,9 @@ each between two CUDA events; then a few steps under torch.profiler. Columns:
 - GPU-busy ms, kernels: per profiled step, the time the GPU's kernels (and
   memsets and copies) ran, summed, and how many ran; busy well under the step
   means the GPU waits on the host;
-- graphs: the graphs torch.compile made for the model, however many layers: 1
-  Block graph for the residual, 2 for a topology with streams (the first Block
-  gets the embedding expanded over the streams, a stride-0 view; the later
-  Blocks' contiguous state fails that graph's guard). A third compile of a Block
-  fails its row (dynamo's recompile limit, set to 2): it would mean a compile
-  per layer;
+- graphs: the graphs torch.compile made for the model, however many layers: one
+  Block graph, which every layer reuses. A second compile of a Block fails its
+  row (dynamo's recompile limit, set to 1): it would mean a compile per layer;
 - setup s: the row's model built, compiled and its first step taken.
 Every row is printed (flushed) as soon as it is measured, so a time-out keeps
 the rows before it; a row that fails prints its error (the traceback to stderr)
@@ -299,7 +296,7 @@ BACKEND = "aot_eager" if dry_run else "inductor"
 BATCH, BLOCK = (2, 16) if dry_run else (64, 256)  # sequences x tokens: train.py's GPU batch_size, block_size
 DROPOUT, LEARNING_RATE, BETAS, WEIGHT_DECAY, GRAD_CLIP = 0.2, 1e-3, (0.9, 0.99), 0.1, 1.0  # train.py's, on a GPU
 VOCAB = 65  # shakespeare_char's, train.py's default dataset
-BLOCK_GRAPHS = 2  # torch.compile's graphs per Block code: the first Block's expanded state, then the rest
+BLOCK_GRAPHS = 1  # torch.compile's graphs per Block code: every layer's state has one layout (GPT.streams)
 PROFILED_STEPS = 1 if dry_run else 5
 COPY_BYTES = 2 ** 20 if dry_run else 2 ** 30  # the copy that measures the bandwidth: 1 GiB, far past the L2
 

@@ -738,7 +738,7 @@ def contrasts_section(curves):
         if share:
             lead_of = lambda label: [x - y for x, y in zip(finals[base], finals[label])]
             r = ratio_of_means(lead_of(a), lead_of(leader), level)
-            cells.append(f"{r.estimate:.2f} [{r.low:.2f}, {r.high:.2f}]" if a != leader else "1")
+            cells.append(f"{r.estimate:.2f} [{r.low:.2f}, {r.high:.2f}] at {level:.2%}" if a != leader else "1")
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 

@@ -619,21 +619,30 @@ def test_compare_commits_each_run_with_its_cpu_and_launches_todays_spelling(tmp_
     assert cpu and record["cpus"] == dict.fromkeys(record["runs"], cpu), record["cpus"]
 
 
-# The committed studies made before compare.py recorded each run's processor (their calls name it from gate_lr on)
-NO_CPU_PER_RUN = {"counterexample", "cpu", "cpu_tuned", "depth24", "depth48", "depth48_decomp", "depth48_long",
-                  "depth48_streams", "depth6", "depth_long", "depth_sweep", "depth_tuned", "gate_lr", "gate_lr48",
-                  "gate_lr48_5seeds", "gates", "hc_ablation", "hc_sign_gain"}
+# The committed studies made before compare.py recorded each run's processor (their calls name it from
+# gate_lr on, but they took runs from studies that named none)
+NO_CPU_PER_RUN = {"cpu", "cpu_tuned", "depth24", "depth48", "depth48_decomp", "depth48_long", "depth48_streams",
+                  "depth6", "depth_long", "depth_tuned", "gate_lr", "gate_lr48", "gate_lr48_5seeds", "gates",
+                  "hc_ablation", "hc_sign_gain"}
+# A study's record: run.json once it ended, progress.json while it trains (committed run by run)
+RECORDED = {name: os.path.join(LAB, "results", name, record) for name in os.listdir(os.path.join(LAB, "results"))
+            for record in ("run.json", "progress.json") if os.path.exists(os.path.join(LAB, "results", name, record))}
 
 
-@pytest.mark.parametrize("preset", COMMITTED)
+@pytest.mark.parametrize("preset", sorted(RECORDED))
 def test_each_committed_run_names_its_cpu(preset):
-    """Every run of a study compare.py finished since it records processors names the
-    processor it was trained on; the older studies, listed, record none per run."""
-    record = json.load(open(os.path.join(LAB, "results", preset, "run.json")))
+    """Every run of a study compare.py recorded since it records processors, finished or
+    still training, names the processor it was trained on (CPUs round float32 apart), and
+    a one-CPU study's runs name one; the older studies, listed, record none per run."""
+    assert NO_CPU_PER_RUN <= set(RECORDED), "the list names a study with no record"
+    record = json.load(open(RECORDED[preset]))
     if preset in NO_CPU_PER_RUN:
         assert "cpus" not in record, f"{preset} records its processors: take it off the list"
         return
+    assert "cpus" in record, f"{RECORDED[preset]} names no processor per run"
     assert set(record["cpus"]) == set(record["runs"]) and all(record["cpus"].values()), preset
+    if presets.PRESETS[preset].one_cpu:
+        assert len(set(record["cpus"].values())) == 1, (preset, set(record["cpus"].values()))
 
 
 def test_depth_sweep_draws_each_depth_paired_against_its_residual(tmp_path, monkeypatch):

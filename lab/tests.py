@@ -388,7 +388,7 @@ def committed_tables():
             for path in glob.glob(os.path.join(LAB, "results", "*", "results.md"))}
 
 
-@pytest.mark.parametrize("page", ["lab/README.md"])
+@pytest.mark.parametrize("page", ["README.md", "lab/README.md"])
 def test_readme_quotes_the_committed_results(page):
     """Every paired cell (`mean [low, high], p ..., signs`) and every share of a lead
     (`0.81 [0.45, 1.57] at 99.55%`: with its interval's level) that a results page quotes

@@ -330,7 +330,7 @@ class IdentityHC(DynamicStreams):
 #
 # A true gradient is zero where the clip holds, so a gate that starts on the
 # clip's edge (g = 1) is frozen by the first update that pushes it past: every
-# gate starts inside, at gate_init = 0.9 (lab/README.md, the gates study).
+# gate starts inside, at gate_init = 0.9 (lab/results/cpu/NOTES.md, the gates).
 
 
 def stretch(u):

@@ -94,7 +94,7 @@ class Run(NamedTuple):
         return f"{stem}-s{self.seed}"
 
 
-HERE = os.path.dirname(os.path.abspath(__file__))  # lab/: its results/ and README.md
+HERE = os.path.dirname(os.path.abspath(__file__))  # lab/: its results/
 ROOT = os.path.dirname(HERE)  # the tutorial: train.py, config/
 
 
@@ -738,7 +738,7 @@ def contrasts_section(curves):
         if share:
             lead_of = lambda label: [x - y for x, y in zip(finals[base], finals[label])]
             r = ratio_of_means(lead_of(a), lead_of(leader), level)
-            cells.append(f"{r.estimate:.2f} [{r.low:.2f}, {r.high:.2f}]" if a != leader else "1")
+            cells.append(f"{r.estimate:.2f} [{r.low:.2f}, {r.high:.2f}] at {level:.2%}" if a != leader else "1")
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -834,8 +834,6 @@ def report():
     text += [line for plot in plots for line in (plot, "")]
     with open(os.path.join(results_dir, "results.md"), "w") as f:
         f.write("\n".join(text))
-    tuned = ("\n\n" + grid_table(losses) if grid else "") + ("\n\n" + grid_table(mults, "x", "multiplier") if mults else "")
-    update_results_readme(text[2] + "\n\n" + table(rows) + tuned)  # what was run, by which command, where; the tables
     print(table(rows))
     print(f"wrote {results_dir}/results.md and the plots")
 
@@ -862,26 +860,6 @@ def study_record(runs):
         fail(f"{path}: {', '.join(differ)} were trained with other arguments than --preset={preset} gives "
              f"now; train them again (delete {metrics_dir}) or redraw with the settings they had")
     return info
-
-
-def update_results_readme(block):
-    """The runs and the table in the README above the results folder (lab/README.md
-    for lab/results/<study>), between its marker lines for this study, if it has
-    them: that page quotes compare.py's tables, never numbers typed by hand."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(results_dir))), "README.md")
-    begin, end = f"<!-- compare.py table: {os.path.basename(os.path.normpath(results_dir))} -->", "<!-- end of table -->"
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        text = f.read()
-    if begin not in text:
-        return
-    head, rest = text.split(begin, 1)
-    if end not in rest:
-        fail(f"{path}: the line {begin} has no {end} after it")
-    with open(path + ".tmp", "w") as f:
-        f.write(head + begin + "\n" + block + "\n" + end + rest.split(end, 1)[1])
-    os.replace(path + ".tmp", path)
 
 
 if train:

@@ -325,25 +325,22 @@ COMMITTED = sorted(name for name in os.listdir(os.path.join(LAB, "results"))
 
 @pytest.mark.parametrize("preset", COMMITTED)
 def test_committed_results_redraw_byte_for_byte(preset, tmp_path):
-    """lab/results/<study> is compare.py's output from its committed metrics, and so is
-    the table lab/README.md quotes: --train=False writes both again, the same bytes.
-    (cpu_tuned trained two of its preset's variants.)"""
+    """lab/results/<study> is compare.py's output from its committed metrics: --train=False,
+    with its results.md and plots deleted, writes them again, the same bytes. (NOTES.md is
+    written by hand; cpu_tuned trained two of its preset's variants.)"""
     committed = os.path.join(LAB, "results", preset)
     shutil.copytree(committed, tmp_path / "results" / preset)
-    readme = open(os.path.join(LAB, "README.md")).read()
-    marker = f"<!-- compare.py table: {preset} -->"
-    assert marker in readme, f"lab/README.md quotes no table of {preset}"
-    (tmp_path / "README.md").write_text(readme.split(marker)[0] + marker + "\n(stale)\n<!-- end of table -->\n")
+    drawn = [name for name in sorted(os.listdir(committed)) if name == "results.md" or name.endswith(".png")]
+    assert "results.md" in drawn
+    for name in drawn:
+        (tmp_path / "results" / preset / name).unlink()  # the redraw must write each file again, not find it
     args = ("--variants=residual,ihc",) if preset == "cpu_tuned" else ()
     status, _, stderr = run_in_this_process("lab/compare.py", f"--preset={preset}", *args, "--train=False",
                                             f"--results_dir={tmp_path / 'results' / preset}")
     assert status == 0, stderr
-    for name in sorted(os.listdir(committed)):
-        if name.endswith((".md", ".png")):
-            assert (tmp_path / "results" / preset / name).read_bytes() == open(os.path.join(committed, name),
-                                                                                "rb").read(), name
-    table = readme.split(marker)[1].split("<!-- end of table -->")[0]
-    assert (tmp_path / "README.md").read_text().split(marker)[1].split("<!-- end of table -->")[0] == table
+    for name in drawn:
+        assert (tmp_path / "results" / preset / name).read_bytes() == open(os.path.join(committed, name),
+                                                                            "rb").read(), name
 
 
 @pytest.mark.parametrize("preset", COMMITTED)
@@ -388,14 +385,96 @@ def test_compare_preset_variants_pass_their_arguments_to_train(tmp_path):
     assert f"| {d:+.4f} (one seed: no interval), {'-' if d < 0 else '+'} | " in table, table
 
 
-def test_readme_quotes_the_committed_results():
-    """Every paired cell the README's findings quote (`mean [low, high], p ..., signs`)
+PAIRED_QUOTE = r"`([-+]\d\.\d{4} \[[-+]\d\.\d{4}, [-+]\d\.\d{4}\], p [^`]+)`"  # a paired cell, in backticks
+SHARE_QUOTE = r"`(-?\d+\.\d\d \[-?[\d.inf]+, -?[\d.inf]+\] at \d+\.\d\d%)`"  # a share of a lead, with its level
+
+
+def committed_tables():
+    return {os.path.basename(os.path.dirname(path)): open(path).read()
+            for path in glob.glob(os.path.join(LAB, "results", "*", "results.md"))}
+
+
+@pytest.mark.parametrize("page", ["README.md", "lab/README.md"])
+def test_readme_quotes_the_committed_results(page):
+    """Every paired cell (`mean [low, high], p ..., signs`) and every share of a lead
+    (`0.81 [0.45, 1.57] at 99.55%`: with its interval's level) that a results page quotes
     is a cell of a committed results.md, which compare.py wrote from the metrics."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme.split("\n## What the studies found")[1].split("\n## ")[0]
-    quoted = re.findall(r"`([-+]\d\.\d{4} \[[-+]\d\.\d{4}, [-+]\d\.\d{4}\], p [^`]+)`", section.replace("\n  ", " "))
-    tables = "".join(open(path).read() for path in glob.glob(os.path.join(LAB, "results", "*", "results.md")))
-    assert quoted and all(f"| {cell} |" in tables for cell in quoted), quoted
+    text = open(os.path.join(ROOT, page)).read()
+    if page == "README.md":
+        text = text.split("\n## What the studies found")[1].split("\n## ")[0]
+    text = re.sub(r"\n *", " ", text)
+    tables = "".join(committed_tables().values())
+    quoted = re.findall(PAIRED_QUOTE, text) + re.findall(SHARE_QUOTE, text)
+    assert re.findall(SHARE_QUOTE, text), "no share quoted with its level"
+    assert quoted and [cell for cell in quoted if f"| {cell} |" not in tables] == [], quoted
+
+
+def table_contrasts(study):
+    """{(a, b): (Holm's p, m)} for each distinct pair that a study's main table makes (a
+    variant against a baseline column), Holm over all m of them, from the committed
+    metrics: the correction of a study that pre-registered no contrasts."""
+    folder = os.path.join(LAB, "results", study)
+    lines = open(os.path.join(folder, "results.md")).read().split("\n")
+    header = next(line for line in lines if line.startswith("| variant | final val loss"))
+    baselines = [c[len("minus "):].split("'s: ")[0] for c in header.split(" | ") if c.startswith("minus ")]
+    rows = lines[lines.index(header) + 2:]
+    labels = [line.split(" | ")[0].strip("|` ") for line in rows[:rows.index("")]]
+    preset = presets.PRESETS[study]
+
+    def finals(label):
+        out = []
+        for seed in preset.seeds.split(","):
+            path = os.path.join(folder, "metrics", f"{preset.recorded_as.get(label, label)}-s{seed}.jsonl")
+            last = [row for row in map(json.loads, open(path)) if "val_loss" in row][-1]
+            out.append(last.get("val_loss_full", last["val_loss"]))
+        return out
+
+    losses = {label: finals(label) for label in labels}
+    pairs = sorted({tuple(sorted((a, b))) for a in labels for b in baselines if b in labels and a != b})
+    p = [scipy.stats.ttest_rel(losses[a], losses[b]).pvalue for a, b in pairs]
+    return {pair: (adjusted, len(pairs)) for pair, adjusted in zip(pairs, stats.holm(p))}
+
+
+def test_lab_readme_opens_with_one_table_each_row_true_of_its_study():
+    """lab/README.md is a results page: at most ~400 lines, none of 1000 characters,
+    opening with one table (question, answer, the deciding contrast, the study) with a
+    row for every committed study but the one-offs. Each row's quoted cells are its own
+    study's, and its Holm is the one that study's contrasts table prints, or, where the
+    study pre-registered none, Holm over every pair its table makes (recomputed here)."""
+    text = open(os.path.join(LAB, "README.md")).read()
+    lines = text.split("\n")
+    assert len(lines) <= 400 and max(map(len, lines)) < 1000
+    first_table = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    assert first_table < 15 and lines[first_table].startswith("| question | answer | the deciding contrast")
+    assert not any(line.startswith("#") for line in lines[1:first_table])  # it opens the page
+    rows = lines[first_table + 2:lines.index("", first_table)]
+    tables = committed_tables()
+    covered = set()
+    for row in rows:
+        linked = re.search(r"\[\w+\]\(results/(\w+)/results\.md\) \|$", row)
+        if not linked:
+            assert "to be filled" in row, row  # a study still training keeps its place
+            continue
+        study = linked.group(1)
+        covered.add(study)
+        contrast = re.search(r"`([^`]+)` - `([^`]+)`: " + PAIRED_QUOTE + r"; (?:Holm (< 0\.001|\d\.\d{3}) of (\d+)|one contrast)",
+                             row)
+        assert contrast, row
+        a, b, cell, holm, m = contrast.groups()
+        assert all(f"| {quote} |" in tables[study] for quote in re.findall(SHARE_QUOTE, row)), row
+        preregistered = re.search(r"Pre-registered contrasts, (\d+) tested together", tables[study])
+        if preregistered:
+            line = next(line for line in tables[study].split("\n") if line.startswith(f"| `{a}` - `{b}` | "))
+            assert line.split(" | ")[1:3] == [cell, holm] and m == preregistered.group(1), (row, line)
+        else:
+            table = tables[study].split("\n")
+            header = next(line for line in table if line.startswith("| variant | final val loss")).split(" | ")
+            in_a_row = next(line for line in table if line.startswith(f"| `{a}` | ")).split(" | ")
+            assert in_a_row[header.index(f"minus {b}'s: mean [95% CI], p, signs")] == cell, (row, in_a_row)
+            adjusted, count = table_contrasts(study)[tuple(sorted((a, b)))]
+            assert (holm, m) == ((f"{adjusted:.3f}" if adjusted >= 0.001 else "< 0.001"), str(count)) if holm else \
+                count == 1, (row, adjusted, count)
+    assert covered == set(COMMITTED), set(COMMITTED) ^ covered
 
 
 @slow
@@ -474,7 +553,8 @@ def test_compare_tests_the_preregistered_contrasts_together(tmp_path):
         row = next(line for line in text.splitlines() if line.startswith(f"| `{a}` - `{b}` |"))
         assert row.split(" | ")[2] == (f"{holm[i]:.3f}" if holm[i] >= 0.001 else "< 0.001"), (row, holm)
     row = next(line for line in text.splitlines() if line.startswith("| `hc.one_stream` - `residual` |"))
-    assert row.split(" | ")[4].startswith(f"{lead('hc.one_stream') / lead('hc'):.2f} ["), row
+    share = row.split(" | ")[4]  # its interval is Fieller's at the Bonferroni level, which the cell names
+    assert share.startswith(f"{lead('hc.one_stream') / lead('hc'):.2f} [") and share.endswith("] at 98.33% |"), row
     assert "3 tested together" in text and "interval at 0.9833" in text
 
 
@@ -624,21 +704,30 @@ def test_compare_commits_each_run_with_its_cpu_and_launches_todays_spelling(tmp_
     assert cpu and record["cpus"] == dict.fromkeys(record["runs"], cpu), record["cpus"]
 
 
-# The committed studies made before compare.py recorded each run's processor (their calls name it from gate_lr on)
-NO_CPU_PER_RUN = {"counterexample", "cpu", "cpu_tuned", "depth24", "depth48", "depth48_decomp", "depth48_long",
-                  "depth48_streams", "depth6", "depth_long", "depth_sweep", "depth_tuned", "gate_lr", "gate_lr48",
-                  "gate_lr48_5seeds", "gates", "hc_ablation", "hc_sign_gain"}
+# The committed studies made before compare.py recorded each run's processor (their calls name it from
+# gate_lr on, but they took runs from studies that named none)
+NO_CPU_PER_RUN = {"cpu", "cpu_tuned", "depth24", "depth48", "depth48_decomp", "depth48_long", "depth48_streams",
+                  "depth6", "depth_long", "depth_tuned", "gate_lr", "gate_lr48", "gate_lr48_5seeds", "gates",
+                  "hc_ablation", "hc_sign_gain"}
+# A study's record: run.json once it ended, progress.json while it trains (committed run by run)
+RECORDED = {name: os.path.join(LAB, "results", name, record) for name in os.listdir(os.path.join(LAB, "results"))
+            for record in ("run.json", "progress.json") if os.path.exists(os.path.join(LAB, "results", name, record))}
 
 
-@pytest.mark.parametrize("preset", COMMITTED)
+@pytest.mark.parametrize("preset", sorted(RECORDED))
 def test_each_committed_run_names_its_cpu(preset):
-    """Every run of a study compare.py finished since it records processors names the
-    processor it was trained on; the older studies, listed, record none per run."""
-    record = json.load(open(os.path.join(LAB, "results", preset, "run.json")))
+    """Every run of a study compare.py recorded since it records processors, finished or
+    still training, names the processor it was trained on (CPUs round float32 apart), and
+    a one-CPU study's runs name one; the older studies, listed, record none per run."""
+    assert NO_CPU_PER_RUN <= set(RECORDED), "the list names a study with no record"
+    record = json.load(open(RECORDED[preset]))
     if preset in NO_CPU_PER_RUN:
         assert "cpus" not in record, f"{preset} records its processors: take it off the list"
         return
+    assert "cpus" in record, f"{RECORDED[preset]} names no processor per run"
     assert set(record["cpus"]) == set(record["runs"]) and all(record["cpus"].values()), preset
+    if presets.PRESETS[preset].one_cpu:
+        assert len(set(record["cpus"].values())) == 1, (preset, set(record["cpus"].values()))
 
 
 def test_depth_sweep_draws_each_depth_paired_against_its_residual(tmp_path, monkeypatch):

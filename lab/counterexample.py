@@ -59,7 +59,6 @@ Writes <out_dir>/results.md (the tables, the command, the machine) and
 """
 import math
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -73,7 +72,8 @@ import theory
 from configurator import check_ranges, configure, fail
 from model import GPTConfig, stream_ops
 from residuals import TOPOLOGIES, GatedIHC
-from lab.stats import paired
+from lab.machine import cpu_name
+from lab.stats import grid_table, paired, paired_cell
 
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
@@ -321,27 +321,6 @@ def fmt(v):
     return "diverged" if v == math.inf else "n/a" if math.isnan(v) else f"{v:.3g}"
 
 
-def paired_cell(differences):
-    """stats.paired's cell with 3 significant digits: the MSEs span orders of magnitude."""
-    d = paired(differences)
-    if math.isnan(d.low):
-        return f"{d.mean:+.3g} (one seed: no interval), {d.signs}"
-    p = "p n/a" if math.isnan(d.p) else f"p {d.p:.3f}" if d.p >= 0.001 else "p < 0.001"
-    return f"{d.mean:+.3g} [{d.low:+.3g}, {d.high:+.3g}], {p}, {d.signs}"
-
-
-def grid_table(tuned):
-    all_rates = sorted({r for losses in tuned.values() for r in losses})
-    lines = ["| topology | " + " | ".join(f"lr {r:g}" for r in all_rates) + " | chosen |",
-             "|" + "---|" * (len(all_rates) + 2)]
-    for name, losses in tuned.items():
-        best = min(losses, key=losses.get)
-        cells = ["" if r not in losses else f"**{fmt(losses[r])}**" if r == best else fmt(losses[r]) for r in all_rates]
-        end = " (an end of the grid)" if best in (min(losses), max(losses)) else ""
-        lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {best:g}{end} |")
-    return "\n".join(lines)
-
-
 def main_table(names, chosen, runs, floors):
     lines = ["| topology | lr | test MSE, mean (sd) | log10 test MSE, mean | construction's MSE | "
              "minus the construction's, mean [95% CI], p, signs | minus ihc's | sigma_min/sigma_max | "
@@ -350,9 +329,9 @@ def main_table(names, chosen, runs, floors):
     for name in names:
         tests = [r["test"] for r in runs[name]]
         sd = statistics.stdev(tests) if len(tests) > 1 else math.nan
-        vs_floor = paired_cell([t - f for t, f in zip(tests, floors[name])])
+        vs_floor = paired_cell(paired([t - f for t, f in zip(tests, floors[name])]), "+.3g")
         vs_ihc = ("" if name == "ihc" or "ihc" not in runs else
-                  paired_cell([t - b["test"] for t, b in zip(tests, runs["ihc"])]))
+                  paired_cell(paired([t - b["test"] for t, b in zip(tests, runs["ihc"])]), "+.3g"))
         log10 = statistics.mean(math.log10(t) for t in tests)
         med = {k: statistics.median(r[k] for r in runs[name]) for k in ("ratio", "cos", "reset", "reset_all")}
         lines.append(f"| `{name}` | {chosen[name]:g} | {fmt(statistics.mean(tests))} ({fmt(sd)}) | {log10:.2f} | "
@@ -418,13 +397,8 @@ def draw(names, runs, path):
 
 
 def machine():
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor() or platform.machine()
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    return (f"{cpu}, {os.cpu_count()} cores (load average at the end {load}: other jobs shared them), "
+    return (f"{cpu_name()}, {os.cpu_count()} cores (load average at the end {load}: other jobs shared them), "
             f"torch {torch.__version__}, {torch.get_num_threads()} thread")
 
 
@@ -491,7 +465,7 @@ medians over the test points, then over seeds (the docstring's reset measures).
 
 ## The learning-rate grid (test MSE on seed {tuning_seed})
 
-{grid_table(tuned)}
+{grid_table(tuned, spec=".3g", row="topology")}
 
 ## The construction wired into the classes (MSE on seed 1's test points)
 

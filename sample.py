@@ -13,7 +13,7 @@ import pickle
 
 import torch
 
-from configurator import check_choices, check_ranges, configure, fail
+from configurator import check_settings, configure, fail
 from model import GPT, KERNELS, GPTConfig, choose_device, load_checkpoint
 from prepare import DATA_DIR, gpt2_tokenizer
 
@@ -28,13 +28,12 @@ seed = 1337
 device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
 kernels = "fused"  # the stream ops (model.stream_ops): reference, fused or triton
-# Every numeric setting's allowed values, x its value (configurator.check_ranges)
-RANGES = dict(num_samples="x >= 1", max_new_tokens="x >= 1", temperature="x > 0", top_k="x >= 0",
-              seed="0 <= x < 2**32")  # as train.py's seed
+# Every setting's allowed values, an interval or a tuple of choices (configurator.check_settings)
+ALLOWED = dict(num_samples="[1, inf)", max_new_tokens="[1, inf)", temperature="(0, inf)",
+               top_k="[0, inf)", seed="[0, 2**32)", kernels=KERNELS)  # seeds as train.py's
 # -----------------------------------------------------------------------------
 configure(globals())
-check_ranges(globals(), RANGES)
-check_choices(globals(), dict(kernels=KERNELS))
+check_settings(globals(), ALLOWED)
 try:
     device, device_type, dtype, autocast = choose_device(device, dtype)
 except ValueError as e:

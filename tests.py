@@ -944,55 +944,91 @@ def test_configurator_configure_mistakes_are_one_line_errors(argv, message, tmp_
     assert_one_line_error(stopped.value.code, err, message)
 
 
+@pytest.mark.parametrize("rule, inside, outside, message", [
+    ("[1, inf)", 1, 0, "--n_layer=0: must be n_layer >= 1"),
+    ("(0, inf)", 1, 0, "--n_layer=0: must be n_layer > 0"),
+    ("[0, 1)", 0, 1, "--n_layer=1: must be 0 <= n_layer < 1"),
+    ("(-inf, 1]", 1, 2, "--n_layer=2: must be n_layer <= 1"),
+    ("[0, 2**32)", 2**32 - 1, 2**32, "--n_layer=4294967296: must be 0 <= n_layer < 2**32"),
+    ("[0, width]", 8, 9, "--n_layer=9: must be 0 <= n_layer <= width (width = 8)"),
+    (("one", "two"), "two", "three", "unknown n_layer 'three'; choose one of: one, two"),
+])
+def test_configurator_check_settings_says_what_is_allowed(rule, inside, outside, message, capsys):
+    """An interval's brackets and ends in the words of a comparison (another setting as an
+    end: its value too), a tuple's choices listed; a value inside passes without a word."""
+    configurator.check_settings(dict(n_layer=inside, width=8), dict(n_layer=rule))
+    with pytest.raises(SystemExit) as stopped:
+        configurator.check_settings(dict(n_layer=outside, width=8), dict(n_layer=rule))
+    assert_one_line_error(stopped.value.code, capsys.readouterr().err, "error: " + message)
+
+
+@pytest.mark.parametrize("source, message", [
+    ("n_layer = 6\nlearning_rate = 1e-3 +\n", "config file 'PRESET' line 2: invalid syntax"),
+    ("n_layer = 6\nn_head = heads\n", "config file 'PRESET' line 2: NameError: name 'heads' is not defined"),
+])
+def test_configurator_a_config_file_that_does_not_run_is_a_one_line_error(source, message, tmp_path):
+    """python train.py my_config.py, with a mistake in its Python: the file and its line."""
+    preset = tmp_path / "preset.py"
+    preset.write_text(source)
+    status, _, stderr = run_in_this_process("train.py", str(preset))
+    assert_one_line_error(status, stderr, message.replace("PRESET", str(preset)))
+
+
 class Checked(Exception):
-    """Raised in place of a script's work, right after its range check."""
+    """Raised in place of a script's work, right after its settings' check."""
 
 
-RANGED = ["train.py", "sample.py", "lab/compare.py", "lab/bench.py", "lab/depth_sweep.py"]
+RANGED = ["train.py", "sample.py", "lab/compare.py", "lab/bench.py", "lab/depth_sweep.py", "lab/counterexample.py"]
 
 
 def settings_and_ranges(script, monkeypatch):
-    """The script's settings (their defaults) and RANGES, as its check_ranges call gets them."""
-    seen = {}
+    """The script's settings (those configure gets) with the values its check_settings call
+    sees, and the intervals of their allowed values."""
+    seen, configure = {}, configurator.configure
 
-    def record(config, ranges):
-        seen.update(settings={k: config[k] for k in configurator.config_keys(config)}, ranges=ranges)
+    def keys_then_configure(config, argv=None):
+        seen.update(keys=configurator.config_keys(config))
+        return configure(config, argv)
+
+    def record(config, allowed):
+        seen.update(settings={k: config[k] for k in seen["keys"]},
+                    ranges={k: rule for k, rule in allowed.items() if isinstance(rule, str)})
         raise Checked
 
     with monkeypatch.context() as patch, pytest.raises(Checked):
-        patch.setattr(configurator, "check_ranges", record)
+        patch.setattr(configurator, "configure", keys_then_configure)
+        patch.setattr(configurator, "check_settings", record)
         run_in_this_process(script)
     return seen["settings"], seen["ranges"]
 
 
 def beside_the_ends(rule, settings, key):
-    """Each end of a range (a comparison of x with numbers or settings: "x >= 1",
-    "0 <= x <= learning_rate"), and the values just below and above it, in the
-    setting's type; split, by the comparison itself, into outside and inside."""
-    compare, default = ast.parse(rule, mode="eval").body, settings[key]
-    assert isinstance(compare, ast.Compare), f"{key}: the range {rule!r} is not a plain comparison"
-    ends = [eval(ast.unparse(side), dict(settings)) for side in (compare.left, *compare.comparators)
-            if ast.unparse(side) != "x"]
+    """Each finite end of an interval ("[1, inf)", "[0, learning_rate]": a number, a
+    power, inf or another setting), and the values just below and above it, in the
+    setting's type; split, by the interval's brackets, into outside and inside."""
+    opening, low, high, closing = re.fullmatch(r"([\[(])(.+),(.+)([\])])", rule.replace(" ", "")).groups()
+    lo, hi = (eval(end, {"inf": math.inf, **settings}) for end in (low, high))
+    default = settings[key]
     step = (lambda v, d: v + d) if isinstance(default, int) else (lambda v, d: math.nextafter(v, d * math.inf))
-    near = sorted({type(default)(v) for end in ends for v in (step(end, -1), end, step(end, 1))})
-    inside = [v for v in near if eval(rule, {**settings, "x": v})]
+    near = sorted({type(default)(v) for end in (lo, hi) if math.isfinite(end) for v in (step(end, -1), end, step(end, 1))})
+    inside = [v for v in near if (lo < v if opening == "(" else lo <= v) and (v < hi if closing == ")" else v <= hi)]
     return [v for v in near if v not in inside], inside
 
 
 @pytest.mark.parametrize("script", RANGED)
 def test_configurator_every_numeric_setting_has_a_range_checked_before_any_work(script, monkeypatch):
-    """Walks the script's own RANGES: every numeric setting has an entry (a new one
-    without a range fails here), and each is checked at both ends, in the script:
-    just outside is a one-line error naming it (exit 2, before any work), just
-    inside passes its own check (another's may depend on it: min_lr on learning_rate)."""
+    """Walks the script's own intervals: every numeric setting has one (a new one
+    without fails here), and each is checked at both ends, in the script: just
+    outside is a one-line error naming it (exit 2, before any work), just inside
+    passes its own check (another's may depend on it: min_lr on learning_rate)."""
     settings, ranges = settings_and_ranges(script, monkeypatch)
     numeric = {k for k, v in settings.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     assert set(ranges) == numeric, f"{script}: numeric settings without a range: {numeric - set(ranges)}; " \
                                    f"ranges of no setting: {set(ranges) - numeric}"
-    check = configurator.check_ranges
+    check = configurator.check_settings
     for key, text in ranges.items():
-        def check_then_stop(config, ranges, key=key):
-            check(config, {key: ranges[key]})
+        def check_then_stop(config, allowed, key=key):
+            check(config, {key: allowed[key]})
             raise Checked
 
         outside, inside = beside_the_ends(text, settings, key)
@@ -1003,7 +1039,7 @@ def test_configurator_every_numeric_setting_has_a_range_checked_before_any_work(
             assert stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
         for value in inside:
             with monkeypatch.context() as patch, pytest.raises(Checked):
-                patch.setattr(configurator, "check_ranges", check_then_stop)
+                patch.setattr(configurator, "check_settings", check_then_stop)
                 run_in_this_process(script, f"--{key}={value!r}")
 
 
@@ -1171,7 +1207,7 @@ def test_train_min_lr_follows_the_learning_rate_unless_set(args, rates, monkeypa
         raise Checked
 
     seen = {}
-    monkeypatch.setattr(configurator, "check_ranges", capture)
+    monkeypatch.setattr(configurator, "check_settings", capture)
     with pytest.raises(Checked):
         run_in_this_process("train.py", "--device=cpu", *args)
     assert (seen["learning_rate"], seen["min_lr"]) == pytest.approx(rates), seen

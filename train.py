@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from configurator import check_choices, check_ranges, config_keys, configure, fail
+from configurator import check_settings, config_keys, configure, fail
 from model import GPT, KERNELS, GPTConfig, check_config, choose_device, load_checkpoint, stream_ops
 from prepare import DATA_DIR, DATASETS, get_batch, prepare_dataset
 from residuals import GatedIHC
@@ -77,15 +77,15 @@ progress = "auto"  # auto: a tqdm bar if stderr is a terminal, else lines; bar; 
 # nanoGPT's shakespeare_char model: the defaults on a GPU, for every key not set by the user
 GPU_DEFAULTS = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2,
                     learning_rate=1e-3, max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100)
-# Every numeric setting's allowed values, x its value (configurator.check_ranges)
+# Every numeric setting's allowed values, an interval (configurator.check_settings)
 RANGES = dict(
-    eval_interval="x >= 1", eval_iters="x >= 1", log_interval="x >= 1", gradient_accumulation_steps="x >= 1",
-    batch_size="x >= 1", block_size="x >= 1",  # shorter than the validation split, checked with the data
-    n_layer="x >= 1", n_head="x >= 1", n_embd="x >= 1", dropout="0 <= x < 1",  # n_head divides n_embd: check_config
-    n_streams="x >= 0", alpha_init="x >= 0", sinkhorn_iters="x >= 1",  # each topology's n: check_config
-    learning_rate="x > 0", scale_lr_mult="x > 0", max_iters="x >= 1", weight_decay="x >= 0", beta1="0 <= x < 1",
-    beta2="0 <= x < 1", grad_clip="x >= 0", warmup_iters="x >= 0", lr_decay_iters="x >= 0",
-    min_lr="0 <= x <= learning_rate", seed="0 <= x < 2**32",  # numpy's seeds; torch overflows past 2^64
+    eval_interval="[1, inf)", eval_iters="[1, inf)", log_interval="[1, inf)", gradient_accumulation_steps="[1, inf)",
+    batch_size="[1, inf)", block_size="[1, inf)",  # shorter than the validation split, checked with the data
+    n_layer="[1, inf)", n_head="[1, inf)", n_embd="[1, inf)", dropout="[0, 1)",  # n_head divides n_embd: check_config
+    n_streams="[0, inf)", alpha_init="[0, inf)", sinkhorn_iters="[1, inf)",  # each topology's n: check_config
+    learning_rate="(0, inf)", scale_lr_mult="(0, inf)", max_iters="[1, inf)", weight_decay="[0, inf)",
+    beta1="[0, 1)", beta2="[0, 1)", grad_clip="[0, inf)", warmup_iters="[0, inf)", lr_decay_iters="[0, inf)",
+    min_lr="[0, learning_rate]", seed="[0, 2**32)",  # numpy's seeds; torch overflows past 2^64
 )
 # -----------------------------------------------------------------------------
 setting_names = config_keys(globals())
@@ -98,10 +98,10 @@ if device_type == "cuda":  # then the sizes and rate not set follow the device
     globals().update({key: value for key, value in GPU_DEFAULTS.items() if key not in user_set})
 if "min_lr" not in user_set:
     min_lr = learning_rate / 10
-check_ranges(globals(), RANGES)
+check_settings(globals(), RANGES)
 
 # --- check every setting before any work, so a mistake costs nothing --------
-check_choices(globals(), dict(residual=tuple(RESIDUALS), init_from=("scratch", "resume"),
+check_settings(globals(), dict(residual=tuple(RESIDUALS), init_from=("scratch", "resume"),
                               kernels=("auto", *KERNELS), progress=("auto", "bar", "lines", "False")))
 gated = issubclass(RESIDUALS[residual], GatedIHC)
 if scale_lr_mult != 1.0 and not RESIDUALS[residual].scales:

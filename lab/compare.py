@@ -69,7 +69,7 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from configurator import check_ranges, configure, fail
+from configurator import check_settings, configure, fail
 from lab.presets import PRESETS
 from lab.plot import draw, read_metrics
 from lab.machine import cpu_name
@@ -114,10 +114,10 @@ results_dir = ""  # "" means lab/results/<preset>
 train = True  # False: only redraw the table and plots from <results_dir>/metrics
 progress = "auto"  # auto: a bar if stderr is a terminal, else a line per finished run (as train.py); bar; lines
 commit = False  # True: git-commit results_dir after each finished run (a study longer than a session)
-# Every numeric setting's allowed values, x its value (configurator.check_ranges); 0 means what its comment says
-RANGES = dict(tuning_seed="0 <= x < 2**32", extend="x >= 0", jobs="x >= 0")  # seeds as train.py's
+# Every numeric setting's allowed values (configurator.check_settings); 0 means what its comment says
+RANGES = dict(tuning_seed="[0, 2**32)", extend="[0, inf)", jobs="[0, inf)")  # seeds as train.py's
 configure(globals())
-check_ranges(globals(), RANGES)
+check_settings(globals(), RANGES)
 
 if preset not in PRESETS:
     fail(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")

@@ -69,7 +69,7 @@ import torch
 import torch.nn as nn
 
 import theory
-from configurator import check_ranges, configure, fail
+from configurator import check_settings, configure, fail
 from model import GPTConfig, stream_ops
 from residuals import TOPOLOGIES, GatedIHC
 from lab.machine import cpu_name
@@ -484,5 +484,5 @@ phi(x1 - x2) at scale t and read it back at 1/t (MSE ~ 1/t^2): its floor is 0 to
 
 if __name__ == "__main__":
     configure(globals())
-    check_ranges(globals(), RANGES)
+    check_settings(globals(), RANGES)
     main()

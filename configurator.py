@@ -1,5 +1,9 @@
 """
-nanoGPT's "poor man's configurator", as functions. A script keeps its settings as module-level globals, then calls
+What the scripts share: reading and checking their settings (nanoGPT's "poor man's
+configurator", as functions), the device, and train.py's checkpoints (sample.py loads
+them) and out_dir.
+
+A script keeps its settings as module-level globals, then calls
 
     user_set = configure(globals())     # the keys set, so a script can tell a choice from a default
     check_settings(globals(), ALLOWED)  # ALLOWED = dict(n_layer="[1, inf)", init_from=("scratch", "resume"))
@@ -18,10 +22,21 @@ a bracket includes its end, a parenthesis leaves it out, and an end is a number
 mistake is one line naming the setting and what is allowed, exit status 2.
 """
 import math
+import os
 import re
 import sys
 import traceback
 from ast import literal_eval
+from contextlib import nullcontext
+
+import torch
+
+from model import GPTConfig
+
+if os.name == "nt":  # the lock on train.py's out_dir
+    import msvcrt
+else:
+    import fcntl
 
 
 def fail(message):
@@ -30,7 +45,7 @@ def fail(message):
     sys.exit(2)
 
 
-def config_keys(config):
+def setting_keys(config):
     """The settings: lower-case globals holding an int, float, bool or str
     (UPPER_CASE names are constants, _names are private)."""
     return [k for k, v in config.items()
@@ -58,7 +73,7 @@ def config_file(path, config):
         source = open(path).read()
     except OSError as e:
         fail(f"cannot read config file '{path}': {e.strerror}")
-    keys, assigned = config_keys(config), {}
+    keys, assigned = setting_keys(config), {}
     try:
         exec(compile(source, path, "exec"), {}, assigned)
     except SyntaxError as e:
@@ -78,7 +93,7 @@ def config_file(path, config):
 
 def configure(config, argv=None):
     """Apply the command line's config files and --key=value settings to config; the keys set."""
-    keys = config_keys(config)
+    keys = setting_keys(config)
     overridden = set()
     for arg in sys.argv[1:] if argv is None else argv:
         if not arg.startswith("--"):
@@ -143,3 +158,97 @@ def check_settings(config, allowed):
         if not ((lo < value if opening == "(" else lo <= value) and (value < hi if closing == ")" else value <= hi)):
             others = "".join(f" ({end} = {config[end]})" for end in (low, high) if end in config)
             fail(f"--{key}={value}: must be {named}{others}")
+
+
+def choose_device(device, dtype, local_rank=0):
+    """--device (auto: a CUDA GPU, then Apple's MPS, then the CPU; cuda: torchrun's
+    local_rank) and --dtype (auto: bfloat16 on GPUs that have it, else float32):
+    (device, device_type, dtype, ctx), ctx the autocast context. A device that is
+    not there, or a name not in the lists, is a one-line error."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if device == "cuda":  # torch.cuda.set_device needs an index
+        device = f"cuda:{local_rank}"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.startswith("cuda:") and gpus == 0:
+        fail(f"device '{device}' asked for, but torch sees no CUDA GPU; use --device=cpu or auto")
+    if device.startswith("cuda:") and not (device[5:].isdigit() and int(device[5:]) < gpus):
+        fail(f"device '{device}': torch sees {gpus} CUDA GPU(s); use cuda, auto or cuda:0 to cuda:{gpus - 1}")
+    if device == "mps" and not torch.backends.mps.is_available():
+        fail("device 'mps' asked for, but this torch has no MPS backend; use --device=cpu or auto")
+    if device not in ("cpu", "mps") and not device.startswith("cuda:"):
+        fail(f"unknown device '{device}'; choose auto, cpu, cuda, cuda:N or mps")
+    device_type = device.split(":")[0]
+    if dtype == "auto":
+        dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        fail(f"unknown dtype '{dtype}'; choose one of: auto, float32, bfloat16, float16")
+    ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=getattr(torch, dtype))
+    return device, device_type, dtype, ctx
+
+
+def load_checkpoint(path):
+    """train.py's checkpoint at path. Any damage (truncated, corrupted, not ours) is a
+    one-line error naming the file."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        fail(f"cannot load checkpoint {path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+             f"it is truncated, corrupted or not from this train.py")
+    missing = {"model", "model_args", "config"} - set(checkpoint if isinstance(checkpoint, dict) else ())
+    if missing:
+        fail(f"checkpoint {path} has no {', '.join(sorted(missing))}: it is not from this train.py")
+    unknown = set(checkpoint["model_args"]) - set(GPTConfig.__dataclass_fields__)
+    if unknown:
+        fail(f"checkpoint {path} names settings this model does not have ({', '.join(sorted(unknown))}); "
+             f"it was made by another version of model.py")
+    return checkpoint
+
+
+def save_checkpoint(checkpoint, path):
+    """torch.save to a temporary file, fsync, then rename: a kill at any moment leaves either
+    the old checkpoint at path or the new one, never a truncated file."""
+    with open(path + ".tmp", "wb") as f:
+        torch.save(checkpoint, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def resume_settings(checkpoint, path, settings, user_set):
+    """The settings (of those in settings) that a run resumed from the checkpoint at path takes
+    from it: its model's (model_args) and its dataset, unless given. One given with another
+    value is a one-line error naming both. The run's own settings (max_iters, the rate, ...)
+    may change, and so may kernels (this machine's choice) and dropout (nanoGPT fine-tunes so)."""
+    saved = dict(checkpoint["model_args"], dataset=checkpoint["config"]["dataset"])
+    del saved["kernels"]
+    for key, value in saved.items():
+        if key in user_set and key != "dropout" and settings[key] != value:
+            fail(f"--{key}={settings[key]} contradicts {path}, whose {key} is {value!r}: a resumed run "
+                 f"keeps its checkpoint's model and data (leave --{key} out, or use another --out_dir)")
+    return {key: value for key, value in saved.items() if key in settings and key not in user_set}
+
+
+def lock_out_dir(out_dir):
+    """Make out_dir and hold its lock until this process ends: a second train.py on it is a
+    one-line error. The OS drops the lock of a process that ends, however it ends, so a killed
+    run leaves none behind. Returns the lock's open file, which must stay open."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock = open(os.path.join(out_dir, "train.lock"), "a+")
+    except OSError as e:
+        fail(f"out_dir '{out_dir}' is not writable: {e.strerror}")
+    try:
+        if os.name == "nt":
+            lock.seek(0)  # msvcrt locks bytes from the position; every process locks byte 0
+            msvcrt.locking(lock.fileno(), msvcrt.LK_NBLCK, 1)
+        else:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        fail(f"out_dir '{out_dir}' is in use by a running train.py (process {lock.read().strip() or '?'}); "
+             f"wait for it to end, or train in another --out_dir")
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock

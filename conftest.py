@@ -4,6 +4,7 @@ run the repository's scripts, a tiny model, and two session fixtures (the data,
 tokenized once; a python3 on PATH that is not the one running the tests).
 """
 import contextlib
+import gc
 import io
 import json
 import os
@@ -15,9 +16,8 @@ import sys
 # Before triton is imported anywhere: the kernels run on the CPU. The GPU tests
 # want them compiled: TRITON_INTERPRET=0 python -m pytest tests.py -k kernels_gpu
 os.environ.setdefault("TRITON_INTERPRET", "1")
-# One thread per process, here and in the scripts the tests run: models this small gain nothing from
-# a second, and beside other work (a study training) two threads spin against each other: the quick
-# tier took 151 s so on 2 busy cores, 20 s on one thread.
+# One thread per process, here and in the scripts the tests run: models this small gain nothing
+# from a second, and beside other work two threads spin against each other.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
@@ -25,7 +25,6 @@ import torch
 
 from model import GPTConfig
 from prepare import DATA_DIR, prepare_dataset
-from variants import RESIDUALS
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -81,6 +80,7 @@ def run_in_this_process(script, *args):
         os.chdir(cwd)
         for s, handler in handlers.items():
             signal.signal(s, handler)
+        gc.collect()  # the script's globals hold cycles: its files (train.py's lock) close as at its exit
     return status, out.getvalue(), err.getvalue()
 
 
@@ -104,11 +104,10 @@ def metrics(out_dir, kind="val_loss"):
         return [row for row in map(json.loads, f) if kind in row]
 
 
-def tiny_config(residual, n_streams=None, **kw):
+def tiny_config(residual, **kw):
     """A 2 x 32 GPT over the 65 characters; kw sets or overrides any GPTConfig field."""
-    n = n_streams or RESIDUALS[residual].default_n_streams
     return GPTConfig(**{**dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=False,
-                               residual=residual, n_streams=n), **kw})
+                               residual=residual), **kw})
 
 
 

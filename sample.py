@@ -13,8 +13,8 @@ import pickle
 
 import torch
 
-from configurator import check_settings, configure, fail
-from model import GPT, KERNELS, GPTConfig, choose_device, load_checkpoint
+from configurator import check_settings, choose_device, configure, fail, load_checkpoint
+from model import GPT, KERNELS, GPTConfig
 from prepare import DATA_DIR, gpt2_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -34,22 +34,16 @@ ALLOWED = dict(num_samples="[1, inf)", max_new_tokens="[1, inf)", temperature="(
 # -----------------------------------------------------------------------------
 configure(globals())
 check_settings(globals(), ALLOWED)
-try:
-    device, device_type, dtype, autocast = choose_device(device, dtype)
-except ValueError as e:
-    fail(str(e))
+device, device_type, dtype, ctx = choose_device(device, dtype)
 
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 if not os.path.exists(ckpt_path):
     fail(f"no checkpoint at {ckpt_path}; train one with python train.py --out_dir={out_dir}")
-try:
-    checkpoint = load_checkpoint(ckpt_path)
-except ValueError as e:
-    fail(str(e))
+checkpoint = load_checkpoint(ckpt_path)
 try:
     model = GPT(GPTConfig(**{**checkpoint["model_args"], "kernels": kernels}))
     model.load_state_dict(checkpoint["model"])
-except (TypeError, ValueError, RuntimeError) as e:  # settings or weights this model.py does not have
+except (ValueError, RuntimeError) as e:  # settings or weights this model.py does not have
     fail(f"checkpoint {ckpt_path} does not fit this model.py ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
 model.eval().to(device)
 
@@ -86,7 +80,7 @@ if not start_ids:
     fail("the prompt is empty; give --start with at least one character")
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 generator = torch.Generator(device=device).manual_seed(seed)
-with torch.no_grad(), autocast:
+with torch.no_grad(), ctx:
     for _ in range(num_samples):
         y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=generator)
         print(decode(y[0].tolist()))

@@ -53,11 +53,11 @@ except ModuleNotFoundError as e:  # no triton (macOS, Windows): its tests skip, 
 import configurator
 import residuals
 import theory
-from model import GPT, GPTConfig, check_config, choose_device, stream_ops
+from model import GPT, RESIDUALS, GPTConfig, stream_ops
 from prepare import DATA_DIR, get_batch, gpt2_tokenizer, prepare_dataset, write_atomically
 from residuals import TOPOLOGIES
 from theory import DT
-from variants import RESIDUALS, VARIANTS
+from variants import VARIANTS
 from conftest import ROOT, TINY, assert_one_line_error, metrics, run, run_in_this_process, slow, tiny_config, train_here
 
 needs_triton = pytest.mark.skipif(kernels is None, reason="triton is not installed (it has wheels for Linux only)")
@@ -522,6 +522,15 @@ def test_model_every_topology_and_variant_starts_as_the_residual_network(name):
     assert err < 1e-5, f"{name} at step 0 differs from the residual network by {err}"
 
 
+@pytest.mark.parametrize("name, n", [("residual", 1), ("hc", 4), ("mhc", 4), ("mhc_lite", 4), ("hc.one_stream", 1)])
+def test_model_gptconfig_resolves_the_topologys_number_of_streams(name, n):
+    """GPTConfig(residual=name) builds that topology at its default n_streams (0 means the
+    default): GPTConfig is the one place that resolves it, for train.py, the tests and the lab."""
+    config = GPTConfig(residual=name, n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=8)
+    assert config.n_streams == n and GPTConfig(**vars(config)) == config
+    assert GPT(config).residual_state(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, n, 8)
+
+
 @pytest.mark.parametrize("config, message", [
     (dict(residual="hc.mix_none"), "unknown residual 'hc.mix_none'; choose one of: residual, hc, mhc, mhc_lite, ihc, "
                                    "gated_ihc, norm_gated_ihc, mean_gated_ihc, residual.scaled, "),
@@ -533,7 +542,7 @@ def test_model_every_topology_and_variant_starts_as_the_residual_network(name):
 ])
 def test_model_a_setting_the_topology_would_ignore_is_an_error(config, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        check_config(GPTConfig(**config))
+        GPTConfig(**config)
 
 
 @pytest.mark.slow  # two 12-layer train.py runs: a fifth of the quick tier
@@ -660,32 +669,6 @@ def test_model_matches_reference(name, impl):
         assert err <= 1e-4 * scale + 1e-7, f"{name} {impl}: d {pname} differs by {err:.2e} (max {scale:.2e})"
 
 
-@pytest.mark.parametrize("asked, gpus, rank, chosen", [
-    ("cuda", 1, 0, "cuda:0"),  # torch.cuda.set_device refuses a bare "cuda" (seen on the first GPU run)
-    ("cuda", 2, 1, "cuda:1"),  # torchrun's second process
-    ("auto", 2, 1, "cuda:1"),
-    ("cuda:1", 2, 0, "cuda:1"),
-])
-def test_model_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
-
-
-@pytest.mark.parametrize("asked, gpus, message", [
-    ("cuda:2", 2, "device 'cuda:2': torch sees 2 CUDA GPU(s); use cuda, auto or cuda:0 to cuda:1"),
-    ("cuda:x", 1, "device 'cuda:x': torch sees 1 CUDA GPU(s)"),
-    ("cuda", 0, "device 'cuda:0' asked for, but torch sees no CUDA GPU"),
-    ("cudax", 1, "unknown device 'cudax'"),
-])
-def test_model_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    with pytest.raises(ValueError, match=re.escape(message)):
-        choose_device(asked, "float32")
-
-
 @slow
 def test_model_compile_blocks_compiles_one_block_for_every_layer(tmp_path):
     """--compile=True compiles each Block's code once: 2 and 4 layers trace the same
@@ -799,8 +782,8 @@ def test_model_composite_gain_of_the_mix_product():
 
 def test_model_composite_gain_is_float32_under_bf16_autocast():
     """train.py measures under the GPU's bf16 autocast, where a matmul would round
-    the product to bf16 (8 bits: 1.001 is 1.0) and CUDA's svdvals refuses bf16
-    (the first GPU run). A gain of 1.001 must read as 1.001."""
+    the product to bf16 (8 bits: 1.001 is 1.0) and CUDA's svdvals refuses bf16.
+    A gain of 1.001 must read as 1.001."""
     torch.manual_seed(0)
     model = GPT(tiny_config("hc"))
     with torch.no_grad():
@@ -944,6 +927,33 @@ def test_configurator_configure_mistakes_are_one_line_errors(argv, message, tmp_
     assert_one_line_error(stopped.value.code, err, message)
 
 
+@pytest.mark.parametrize("asked, gpus, rank, chosen", [
+    ("cuda", 1, 0, "cuda:0"),  # torch.cuda.set_device refuses a bare "cuda"
+    ("cuda", 2, 1, "cuda:1"),  # torchrun's second process
+    ("auto", 2, 1, "cuda:1"),
+    ("cuda:1", 2, 0, "cuda:1"),
+])
+def test_configurator_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert configurator.choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
+
+
+@pytest.mark.parametrize("asked, gpus, message", [
+    ("cuda:2", 2, "device 'cuda:2': torch sees 2 CUDA GPU(s); use cuda, auto or cuda:0 to cuda:1"),
+    ("cuda:x", 1, "device 'cuda:x': torch sees 1 CUDA GPU(s)"),
+    ("cuda", 0, "device 'cuda:0' asked for, but torch sees no CUDA GPU"),
+    ("cudax", 1, "unknown device 'cudax'"),
+])
+def test_configurator_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(SystemExit) as stopped:
+        configurator.choose_device(asked, "float32")
+    assert_one_line_error(stopped.value.code, capsys.readouterr().err, message)
+
+
 @pytest.mark.parametrize("rule, inside, outside, message", [
     ("[1, inf)", 1, 0, "--n_layer=0: must be n_layer >= 1"),
     ("(0, inf)", 1, 0, "--n_layer=0: must be n_layer > 0"),
@@ -987,7 +997,7 @@ def settings_and_ranges(script, monkeypatch):
     seen, configure = {}, configurator.configure
 
     def keys_then_configure(config, argv=None):
-        seen.update(keys=configurator.config_keys(config))
+        seen.update(keys=configurator.setting_keys(config))
         return configure(config, argv)
 
     def record(config, allowed):
@@ -1195,6 +1205,53 @@ def test_train_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress
     assert b"iter 10: train loss" in logged  # evaluations are reported either way
 
 
+def test_train_on_a_gpu_takes_the_settings_not_given_from_its_config_file(monkeypatch):
+    """config/train_shakespeare_char.py is the one source of the GPU's model and recipe: a
+    setting given keeps its value; lr_decay_iters and min_lr, which the file leaves out,
+    follow max_iters and learning_rate as on a CPU."""
+    def capture(config, allowed):
+        seen.update(config)
+        raise Checked
+
+    seen = {}
+    monkeypatch.setattr(configurator, "choose_device", lambda *args: ("cuda:0", "cuda", "bfloat16", None))
+    monkeypatch.setattr(configurator, "check_settings", capture)
+    with pytest.raises(Checked):
+        run_in_this_process("train.py", "--n_layer=2", "--max_iters=100")
+    gpu = configurator.config_file(os.path.join(ROOT, "config", "train_shakespeare_char.py"), dict(seen))
+    assert {k: seen[k] for k in gpu if k not in ("n_layer", "max_iters")} == {k: v for k, v in gpu.items()
+                                                                             if k not in ("n_layer", "max_iters")}
+    assert (seen["n_layer"], seen["n_embd"], seen["max_iters"], seen["lr_decay_iters"]) == (2, 384, 100, 0)
+    assert seen["min_lr"] == pytest.approx(gpu["learning_rate"] / 10)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--residual=hc"], "--residual=hc contradicts CKPT, whose residual is 'ihc'"),
+    (["--n_embd=64"], "--n_embd=64 contradicts CKPT, whose n_embd is 32"),
+    (["--n_streams=2"], "--n_streams=2 contradicts CKPT, whose n_streams is 4"),
+    (["--dataset=shakespeare"], "--dataset=shakespeare contradicts CKPT, whose dataset is 'shakespeare_char'"),
+])
+def test_train_resume_refuses_a_setting_that_contradicts_its_checkpoint(args, message, trained, tmp_path):
+    """The model and its data are the checkpoint's: a setting given with another value is a
+    one-line error naming both, before anything is written (not a run that trains the
+    checkpoint's model under a banner that names the setting)."""
+    (tmp_path / "ckpt.pt").write_bytes((trained / "ckpt.pt").read_bytes())
+    status, _, stderr = run_in_this_process("train.py", "--init_from=resume", f"--out_dir={tmp_path}", *args)
+    assert_one_line_error(status, stderr, message.replace("CKPT", str(tmp_path / "ckpt.pt")))
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_train_resume_keeps_the_checkpoints_model_and_lets_the_run_change(trained, tmp_path):
+    """Not given, the model's settings and the dataset are the checkpoint's (the banner says
+    so); the run's own settings, the kernels and dropout may change."""
+    (tmp_path / "ckpt.pt").write_bytes((trained / "ckpt.pt").read_bytes())
+    out = train_here("--init_from=resume", f"--out_dir={tmp_path}", "--max_iters=21", "--eval_interval=21",
+                     "--kernels=reference", "--dropout=0.1", "--device=cpu", "--progress=False", "--eval_iters=1")
+    assert "kernels reference; ihc with 4 stream(s), 2 layers x 32, 2 heads, block 32" in out, out
+    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert checkpoint["iter_num"] == 21 and checkpoint["model_args"]["dropout"] == 0.1
+
+
 @pytest.mark.parametrize("args, rates", [((), (4e-3, 4e-4)), (("--learning_rate=1e-4",), (1e-4, 1e-5)),
                                          (("--learning_rate=1e-4", "--min_lr=0"), (1e-4, 0)),
                                          ((os.path.join("config", "train_shakespeare_char_cpu.py"),), (1e-3, 1e-4))])
@@ -1396,6 +1453,45 @@ def test_train_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp
         mid_write += tmp.exists()
         tmp.unlink(missing_ok=True)  # the next run's save must show itself by a new one
     assert mid_write > 0, "no kill landed while a checkpoint was being written: the test checked nothing"
+
+
+@slow
+def test_train_refuses_an_out_dir_a_running_train_py_holds_until_it_is_killed(tmp_path):
+    """While one train.py trains in out_dir, a second one there is a one-line error naming
+    the first's process, and writes nothing; once the first is killed outright (SIGKILL:
+    no chance to clean up) the out_dir is free again."""
+    args = [f"--out_dir={tmp_path}", *TINY, "--progress=lines", "--log_interval=1"]
+    first = start_training("--max_iters=1000000", *args)
+    for line in first.stdout:
+        if line.startswith("iter 1: loss"):
+            break
+    metrics_before = (tmp_path / "metrics.jsonl").read_bytes()
+    second = run("train.py", "--max_iters=1", *args, check=False)
+    assert_one_line_error(second.returncode, second.stderr, f"out_dir '{tmp_path}' is in use by a running "
+                                                            f"train.py (process {first.pid})")
+    assert (tmp_path / "metrics.jsonl").read_bytes().startswith(metrics_before)  # the first's rows, untouched
+    first.kill()
+    first.wait()
+    run("train.py", "--max_iters=1", "--eval_interval=1", *args)
+
+
+def test_train_skips_the_update_of_an_iteration_whose_loss_is_not_finite(tmp_path, monkeypatch):
+    """Iteration 2's loss is made NaN: its update is skipped (GradScaler sees its gradients
+    are not finite), the finite iterations around it step, and the report at 5 stops the run."""
+    forward, trained, steps = GPT.forward, [], []
+
+    def nan_at_iteration_2(self, idx, targets=None):
+        logits, loss = forward(self, idx, targets)
+        trained.extend([True] if self.training else [])
+        return logits, loss * float("nan") if self.training and len(trained) == 3 else loss
+
+    step = torch.optim.AdamW.step
+    monkeypatch.setattr(GPT, "forward", nan_at_iteration_2)
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1) or step(self, *a, **k))
+    status, _, stderr = run_in_this_process("train.py", "--max_iters=10", "--log_interval=5", f"--out_dir={tmp_path}",
+                                            *TINY)
+    assert status == 1 and "loss is nan at iteration 2;" in stderr, stderr
+    assert len(trained) == 5 and len(steps) == 4, (len(trained), len(steps))  # iterations 0 to 4, all but 2
 
 
 def test_train_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
@@ -2052,7 +2148,7 @@ def check_compiled_blocks(name, state_dtype, device, backend, steps, tol):
         torch._dynamo.utils.counters.clear()
         torch.manual_seed(0)
         config = GPTConfig(block_size=16, vocab_size=65, n_layer=n_layer, n_head=2, n_embd=32, residual=name,
-                           n_streams=RESIDUALS[name].default_n_streams, kernels="triton", state_dtype=state_dtype)
+                           kernels="triton", state_dtype=state_dtype)
         compiled, eager = GPT(config).to(device), GPT(config).to(device)
         eager.load_state_dict(compiled.state_dict())
         compiled.compile_blocks(backend=backend, fullgraph=True)
@@ -2567,8 +2663,7 @@ def test_variants_every_variant_changes_its_topology(name):
     alike), a variant's logits or gradients differ from its topology's, the name
     before the dot: a variant whose change were ignored would fail here."""
     topology = name.split(".")[0]
-    args = {key: RESIDUALS[key].default_n_streams for key in (name, topology)}
-    variant, parent = (fingerprint(dict(residual=key, n_streams=n)) for key, n in args.items())
+    variant, parent = (fingerprint(dict(residual=key)) for key in (name, topology))
     differs = [key for key in ("logits", "gradient") if len(variant[key]) != len(parent[key])
                or (torch.tensor(variant[key]) - torch.tensor(parent[key])).abs().max() > 1e-4]
     assert differs, f"{name} computes what {topology} does"

@@ -74,7 +74,7 @@ from lab.presets import PRESETS
 from lab.plot import draw, read_metrics
 from lab.machine import cpu_name
 from lab.stats import grid_table, holm, mean_std, paired, paired_cell, ratio_of_means
-from variants import RESIDUALS
+from model import RESIDUALS
 
 
 class Run(NamedTuple):

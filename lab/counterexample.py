@@ -71,7 +71,7 @@ import torch.nn as nn
 import theory
 from configurator import check_settings, configure, fail
 from model import GPTConfig, stream_ops
-from residuals import TOPOLOGIES, GatedIHC
+from residuals import TOPOLOGIES
 from lab.machine import cpu_name
 from lab.stats import grid_table, paired, paired_cell
 
@@ -115,7 +115,7 @@ class CounterexampleNet(nn.Module):
         self.blocks = nn.ParameterList([nn.Parameter(0.5 * torch.randn(*s, generator=gen, dtype=DT))
                                         for _ in range(2) for s in shapes])
         ops = stream_ops(config.kernels)  # fused.py: residuals.py's maths, fast on a CPU
-        self.topologies = nn.ModuleList(TOPOLOGIES[residual](config, i, ops) for i in range(2)).to(DT)
+        self.topologies = nn.ModuleList(config.topology(config, i, ops) for i in range(2)).to(DT)
 
     def block(self, l):
         return theory.swiglu(*self.blocks[3 * l:3 * l + 3])
@@ -137,7 +137,7 @@ class CounterexampleNet(nn.Module):
     def gates0(self, x):
         """Layer 0's gates g (B, 2) for the gated topologies, else None."""
         topology = self.topologies[0]
-        if not isinstance(topology, GatedIHC):
+        if not topology.gates:
             return None
         return topology.gate(topology.coefficients(self.state0(x))[2])[:, 0]
 
@@ -209,7 +209,7 @@ def construction(residual, K=30.0):
             set_block(net, 0, 1.0, 1.0)
             set_block(net, 1, 1.0, 1.0)  # E = I and c = (1, 1) from the init
             return net
-        if not isinstance(t0, GatedIHC):
+        if not t0.gates:
             raise ValueError(f"no construction wired for '{residual}' (see the module docstring)")
         # Stream 1 carries Q = x1 - x2 (and reset at layer 0), stream 2 carries S = x1 + x2.
         t0.bias.copy_(torch.tensor([0.0, -K, 0.0, 0.0]))  # pre_0 = (1/2, sigmoid(-K)), post_0 = (1, 1)
@@ -264,7 +264,7 @@ def reference_loss(x, y):
 
 def construction_loss(residual, x, y, K):
     """The construction's MSE in this class, or theory's where none is wired."""
-    if residual == "hc" or issubclass(TOPOLOGIES[residual], GatedIHC):
+    if residual == "hc" or TOPOLOGIES[residual].gates:
         with torch.no_grad():
             return mse(construction(residual, K), x, y).item()
     return reference_loss(x, y)

@@ -25,7 +25,7 @@ from lab import counterexample, flops, presets, stats
 from model import GPT, GPTConfig, stream_ops
 from residuals import TOPOLOGIES
 from theory import DT
-from variants import RESIDUALS
+from model import RESIDUALS
 
 LAB = os.path.join(ROOT, "lab")
 

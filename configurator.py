@@ -1,7 +1,7 @@
 """
 What the scripts share: reading and checking their settings (nanoGPT's "poor man's
 configurator", as functions), the device, and train.py's checkpoints (sample.py loads
-them) and out_dir.
+them), its out_dir and its signals.
 
 A script keeps its settings as module-level globals, then calls
 
@@ -21,9 +21,11 @@ a bracket includes its end, a parenthesis leaves it out, and an end is a number
 (2**32 too), inf, or the name of another setting ("[0, learning_rate]"). A
 mistake is one line naming the setting and what is allowed, exit status 2.
 """
+import json
 import math
 import os
 import re
+import signal
 import sys
 import traceback
 from ast import literal_eval
@@ -187,9 +189,11 @@ def choose_device(device, dtype, local_rank=0):
     return device, device_type, dtype, ctx
 
 
-def load_checkpoint(path):
-    """train.py's checkpoint at path. Any damage (truncated, corrupted, not ours) is a
-    one-line error naming the file."""
+def load_checkpoint(path, missing):
+    """train.py's checkpoint at path. No file there is the one-line error missing; any damage
+    (truncated, corrupted, not ours) is a one-line error naming the file."""
+    if not os.path.exists(path):
+        fail(missing)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -227,6 +231,40 @@ def resume_settings(checkpoint, path, settings, user_set):
             fail(f"--{key}={settings[key]} contradicts {path}, whose {key} is {value!r}: a resumed run "
                  f"keeps its checkpoint's model and data (leave --{key} out, or use another --out_dir)")
     return {key: value for key, value in saved.items() if key in settings and key not in user_set}
+
+
+def open_metrics(path, iter_num):
+    """out_dir/metrics.jsonl, opened for this run's rows after the rows a checkpoint at iter_num
+    covers: its evaluations before iter_num and its progress up to it (from scratch, none). One
+    JSON line per row, each written whole (line-buffered) as it comes."""
+    rows = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+    metrics = open(path, "w", buffering=1)
+    metrics.writelines(json.dumps(r) + "\n" for r in rows if r["iter"] + ("val_loss" in r) <= iter_num)
+    return metrics
+
+
+def last_checkpoint(path):
+    """What a run that stops now leaves behind at path, in words."""
+    return f"the last good checkpoint is {path}" if os.path.exists(path) else "no checkpoint was saved yet"
+
+
+def note_signals(ckpt_path):
+    """Ctrl-C and SIGTERM only note the signal, in the list returned, which train.py polls: the
+    iteration under way finishes, an evaluation is abandoned (it changes no weights), then it saves
+    and exits with 128 + the signal's number (the shell's "stopped by a signal"). A second signal
+    exits at once, without saving (its message names what ckpt_path holds)."""
+    received = []
+
+    def on_signal(signum, frame):
+        if received:  # os.write: this may interrupt a print, whose buffer is not reentrant
+            again = f"{signal.Signals(signum).name} again: exited at once, without saving"
+            os.write(2, f"{again} ({last_checkpoint(ckpt_path)})\n".encode())
+            sys.exit(128 + signum)
+        received.append(signal.Signals(signum))
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return received
 
 
 def lock_out_dir(out_dir):

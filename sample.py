@@ -37,9 +37,8 @@ check_settings(globals(), ALLOWED)
 device, device_type, dtype, ctx = choose_device(device, dtype)
 
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
-if not os.path.exists(ckpt_path):
-    fail(f"no checkpoint at {ckpt_path}; train one with python train.py --out_dir={out_dir}")
-checkpoint = load_checkpoint(ckpt_path)
+checkpoint = load_checkpoint(ckpt_path, f"no checkpoint at {ckpt_path}; train one with "
+                                         f"python train.py --out_dir={out_dir}")
 try:
     model = GPT(GPTConfig(**{**checkpoint["model_args"], "kernels": kernels}))
     model.load_state_dict(checkpoint["model"])

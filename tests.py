@@ -1340,22 +1340,29 @@ def test_train_refuses_an_out_dir_a_running_train_py_holds_until_it_is_killed(tm
     run("train.py", "--max_iters=1", "--eval_interval=1", *args)
 
 
-def test_train_skips_the_update_of_an_iteration_whose_loss_is_not_finite(tmp_path, monkeypatch):
-    """Iteration 2's loss is made NaN: its update is skipped (GradScaler sees its gradients
-    are not finite), the finite iterations around it step, and the report at 5 stops the run."""
+@pytest.mark.parametrize("what", ["loss", "gradient norm"])
+def test_train_skips_the_update_of_an_iteration_whose_loss_is_not_finite(what, tmp_path, monkeypatch):
+    """Iteration 2's loss, or only its gradients, made NaN: its update is skipped (GradScaler sees
+    its gradients are not finite), the finite iterations around it step, and the report at 5 stops
+    the run, naming what was not finite. A finite loss with gradients that are not must stop it
+    too: else the run would go on, its updates skipped without a word."""
     forward, trained, steps = GPT.forward, [], []
 
     def nan_at_iteration_2(self, idx, targets=None):
         logits, loss = forward(self, idx, targets)
         trained.extend([True] if self.training else [])
-        return logits, loss * float("nan") if self.training and len(trained) == 3 else loss
+        if not (self.training and len(trained) == 3):
+            return logits, loss
+        if what == "loss":
+            return logits, loss * float("nan")
+        return logits, loss + torch.sqrt(self.lm_head.weight.sum() * 0)  # + 0, whose gradient is inf * 0
 
     step = torch.optim.AdamW.step
     monkeypatch.setattr(GPT, "forward", nan_at_iteration_2)
     monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1) or step(self, *a, **k))
     status, _, stderr = run_in_this_process("train.py", "--max_iters=10", "--log_interval=5", f"--out_dir={tmp_path}",
                                             *TINY)
-    assert status == 1 and "loss is nan at iteration 2;" in stderr, stderr
+    assert status == 1 and f"error: {what} is nan at iteration 2;" in stderr, stderr
     assert len(trained) == 5 and len(steps) == 4, (len(trained), len(steps))  # iterations 0 to 4, all but 2
 
 

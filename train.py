@@ -14,7 +14,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import sys
 import time
 
@@ -23,8 +22,8 @@ import torch
 from tqdm import tqdm
 
 from configurator import (check_settings, choose_device, config_file, configure, fail,
-                          load_checkpoint, lock_out_dir, resume_settings, save_checkpoint,
-                          setting_keys)
+                          last_checkpoint, load_checkpoint, lock_out_dir, note_signals,
+                          open_metrics, resume_settings, save_checkpoint, setting_keys)
 from model import GPT, KERNELS, RESIDUALS, GPTConfig, stream_ops
 from prepare import consecutive_batches, get_batch as draw_windows, open_dataset
 
@@ -70,20 +69,20 @@ scale_lr_mult = 1.0  # the topology's scales (gate logits, skip and branch scale
 device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
 compile = False  # torch.compile each Block (model.compile_blocks)
-seed = 1337  # the model's init and the batches
+seed = 1337  # the model's init and the batches (below 2**32: numpy's seeds)
 progress = "auto"  # auto: a tqdm bar if stderr is a terminal, else lines; bar; lines; False: none
 GPU_CONFIG = os.path.join(os.path.dirname(__file__), "config", "train_shakespeare_char.py")
 # Every setting's allowed values, an interval or a tuple of choices (configurator.check_settings);
 # GPTConfig checks the model's own: residual and its n_streams, state_dtype, n_embd by n_head
 ALLOWED = dict(
-    eval_interval="[1, inf)", eval_iters="[1, inf)", log_interval="[1, inf)", batch_size="[1, inf)",
-    init_from=("scratch", "resume"), gradient_accumulation_steps="[1, inf)", block_size="[1, inf)",
-    n_layer="[1, inf)", n_head="[1, inf)", n_embd="[1, inf)", dropout="[0, 1)", n_streams="[0, inf)",
-    alpha_init="[0, inf)", sinkhorn_iters="[1, inf)", kernels=("auto", *KERNELS),
-    learning_rate="(0, inf)", max_iters="[1, inf)", weight_decay="[0, inf)", beta1="[0, 1)",
-    beta2="[0, 1)", grad_clip="[0, inf)", warmup_iters="[0, inf)", lr_decay_iters="[0, inf)",
-    min_lr="[0, learning_rate]", scale_lr_mult="(0, inf)", progress=("auto", "bar", "lines", "False"),
-    seed="[0, 2**32)")  # numpy's seeds; torch overflows past 2^64
+    eval_interval="[1, inf)", eval_iters="[1, inf)", log_interval="[1, inf)",
+    init_from=("scratch", "resume"), gradient_accumulation_steps="[1, inf)", batch_size="[1, inf)",
+    block_size="[1, inf)", n_layer="[1, inf)", n_head="[1, inf)", n_embd="[1, inf)",
+    dropout="[0, 1)", n_streams="[0, inf)", alpha_init="[0, inf)", sinkhorn_iters="[1, inf)",
+    kernels=("auto", *KERNELS), learning_rate="(0, inf)", max_iters="[1, inf)",
+    weight_decay="[0, inf)", beta1="[0, 1)", beta2="[0, 1)", grad_clip="[0, inf)",
+    warmup_iters="[0, inf)", lr_decay_iters="[0, inf)", min_lr="[0, learning_rate]",
+    scale_lr_mult="(0, inf)", progress=("auto", "bar", "lines", "False"), seed="[0, 2**32)")
 # -----------------------------------------------------------------------------
 config_keys = setting_keys(globals())
 user_set = configure(globals())  # the ones given; the rest may follow the device or checkpoint
@@ -99,10 +98,9 @@ min_lr = min_lr if "min_lr" in user_set else learning_rate / 10
 check_settings(globals(), ALLOWED)
 out_dir = out_dir or f"out-{residual}"
 ckpt_path, metrics_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "metrics.jsonl")
-if init_from == "resume" and not os.path.exists(ckpt_path):
-    fail(f"--init_from=resume: no checkpoint at {ckpt_path}")
-checkpoint = load_checkpoint(ckpt_path) if init_from == "resume" else None
-if checkpoint is not None:  # its model and its data, unless a setting given contradicts them
+checkpoint = None
+if init_from == "resume":  # its model and its data, unless a setting given contradicts them
+    checkpoint = load_checkpoint(ckpt_path, f"--init_from=resume: no checkpoint at {ckpt_path}")
     settings = {k: globals()[k] for k in config_keys}
     globals().update(resume_settings(checkpoint, ckpt_path, settings, user_set))
 kernels = kernels if kernels != "auto" else "triton" if device_type == "cuda" else "fused"
@@ -163,10 +161,8 @@ if compile:
 if ddp:
     model = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[ddp_local_rank] if device_type == "cuda" else None)
-if master_process:  # keep the rows the checkpoint covers: evaluations before it, progress up to it
-    rows = [json.loads(line) for line in open(metrics_path)] if os.path.exists(metrics_path) else []
-    with open(metrics_path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows if r["iter"] + ("val_loss" in r) <= iter_num)
+if master_process:  # after the rows the checkpoint covers (none from scratch), this run's
+    metrics = open_metrics(metrics_path, iter_num)
 
 
 def get_batch(split, generator):
@@ -182,10 +178,10 @@ def get_batch(split, generator):
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss over eval_iters fixed batches per split (a fresh generator each time: evaluations
-    differ only by the weights, and training's batch stream is untouched, so resumed runs equal
-    uninterrupted ones); at the end every validation token once, a loss with no sampling error;
-    the model's diagnostics. None if a signal came: abandoned at once."""
+    """train_loss, val_loss: the mean over eval_iters fixed batches (a fresh generator each time:
+    evaluations differ only by the weights, and training's batch stream is untouched, so resumed
+    runs equal uninterrupted ones); at the end val_loss_full, every validation token once (no
+    sampling error); the model's diagnostics. None if a signal came: abandoned at once."""
     out = {}
     model.eval()
     for i, split in enumerate(("train", "val")):
@@ -201,7 +197,7 @@ def estimate_loss():
         if ddp:  # each rank saw its slice of the batches: average into the full-batch loss
             torch.distributed.all_reduce(losses)  # a sum: gloo has no average
             losses /= ddp_world_size
-        out[split] = losses.mean().item()
+        out[f"{split}_loss"] = losses.mean().item()
     if eval_full and iter_num == max_iters:  # consecutive windows of the split (prepare.py)
         data = np.memmap(os.path.join(data_dir, "val.bin"), dtype=np.uint16, mode="r")
         total = torch.zeros(2, device=device)  # the sum of the token losses, the number of tokens
@@ -214,7 +210,7 @@ def estimate_loss():
             total += torch.stack([loss.float() * tokens, tokens])
         if ddp:
             torch.distributed.all_reduce(total)
-        out["val_full"] = (total[0] / total[1]).item()
+        out["val_loss_full"] = (total[0] / total[1]).item()
     X, _ = get_batch("val", torch.Generator().manual_seed(seed + 2))
     with ctx:
         out["diagnostics"] = raw_model.diagnostics(X)
@@ -240,39 +236,18 @@ def checkpoint_now():
                 data_rng_state=data_rng.get_state(), config={k: globals()[k] for k in config_keys})
 
 
-def log_metrics(row):
-    with open(metrics_path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
 def read(pending):
     """The pending iterations' [loss, gradient norm, gate logits' gradient norm], read in one
-    host-device sync, and the (iteration, loss) of the first loss that is not finite, or None."""
+    host-device sync, and the first (iteration, what, value) of a loss or gradient norm that is not
+    finite, or None. GradScaler skipped that iteration's update; the run stops, as diverged."""
     values = torch.stack([v for _, v in pending]).tolist() if pending else []
-    bad = [(it, v[0]) for (it, _), v in zip(pending, values) if not math.isfinite(v[0])]
+    bad = [(it, what, value) for (it, _), row in zip(pending, values)
+           for what, value in zip(("loss", "gradient norm"), row) if not math.isfinite(value)]
     return values, bad[0] if bad else None
 
 
-def last_checkpoint():
-    return f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else \
-        "no checkpoint was saved yet"
-
-
-def on_signal(signum, frame):
-    """Ctrl-C / SIGTERM only notes the signal: the iteration under way finishes, an evaluation is
-    abandoned (it changes no weights), then the loop saves and exits with 128 + its number (the
-    shell's "stopped by a signal"). A second signal exits at once, without saving."""
-    if received:  # os.write: this may interrupt a print, whose buffer is not reentrant
-        again = f"{signal.Signals(signum).name} again: exited at once, without saving"
-        os.write(2, f"{again} ({last_checkpoint()})\n".encode())
-        sys.exit(128 + signum)
-    received.append(signal.Signals(signum))
-
-
 # --- the training loop ---------------------------------------------------------
-received = []  # the signals received: on_signal's only effect, polled by the loop and estimate_loss
-signal.signal(signal.SIGINT, on_signal)
-signal.signal(signal.SIGTERM, on_signal)
+received = note_signals(ckpt_path)  # Ctrl-C, SIGTERM: polled by the loop and estimate_loss
 # A bar redraws itself with carriage returns: right at a terminal, a mess in a log (nohup, CI)
 progress = progress if progress != "auto" else "bar" if sys.stderr.isatty() else "lines"
 bar = tqdm(total=max_iters, initial=iter_num, desc=residual, dynamic_ncols=True,
@@ -281,7 +256,7 @@ started = time.time() - elapsed_before  # elapsed_s counts a resumed run's earli
 start_iter = eval_iter = report_iter = iter_num  # training's clock starts where an evaluation ends
 eval_time = report_time = time.time()
 pending = []  # (iteration, [loss, grad norm, gate grad norm] on the device) since the last report
-diverged = None  # (iteration, loss) of the first loss that is not finite
+diverged = None  # (iteration, what, value) of the first loss or gradient norm that is not finite
 while not received:
     lr = get_lr(iter_num) if decay_lr else learning_rate
     for group in optimizer.param_groups:
@@ -295,15 +270,15 @@ while not received:
         if losses is None:  # diverged, or abandoned for a signal
             break
         if master_process:
-            whole = dict(val_loss_full=losses["val_full"]) if "val_full" in losses else {}
-            log_metrics(dict(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
-                             **whole, lr=lr, tokens_per_sec=tokens_per_sec,
-                             elapsed_s=time.time() - started, **losses["diagnostics"]))
-            note = f" (the whole split: {losses['val_full']:.4f})" if whole else ""
-            bar.write(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss "
-                      f"{losses['val']:.4f}{note}, {tokens_per_sec:,.0f} tokens/s")
-            if losses["val"] < best_val_loss or always_save_checkpoint:
-                best_val_loss = min(best_val_loss, losses["val"])
+            diagnostics = losses.pop("diagnostics")
+            print(json.dumps(dict(iter=iter_num, **losses, lr=lr, tokens_per_sec=tokens_per_sec,
+                                  elapsed_s=time.time() - started, **diagnostics)), file=metrics)
+            full = losses.get("val_loss_full")
+            whole = f" (the whole split: {full:.4f})" if full is not None else ""
+            bar.write(f"iter {iter_num}: train loss {losses['train_loss']:.4f}, val loss "
+                      f"{losses['val_loss']:.4f}{whole}, {tokens_per_sec:,.0f} tokens/s")
+            if losses["val_loss"] < best_val_loss or always_save_checkpoint:
+                best_val_loss = min(best_val_loss, losses["val_loss"])
                 if iter_num > start_iter:  # something new to save (a resumed run starts at its own)
                     save_checkpoint(checkpoint_now(), ckpt_path)
         eval_iter = report_iter = iter_num
@@ -342,7 +317,7 @@ while not received:
                        grad_norm_max=max(norm for _, norm, _ in values), lr=lr)
             if gate_params:  # how hard training pushes the gates
                 row["gate_grad_norm"] = sum(v[2] for v in values) / len(values)
-            log_metrics(row)
+            print(json.dumps(row), file=metrics)
         if master_process and progress == "lines":
             print(f"iter {iter_num}: loss {lossf:.4f}, grad norm {normf:.3f}, time "
                   f"{1e3 * dt / iters:.1f} ms, {tok_s:,.0f} tokens/s, lr {lr:.1e}", flush=True)
@@ -352,9 +327,11 @@ bar.close()
 
 diverged = diverged or read(pending)[1]  # never save a diverged model
 if diverged and master_process:  # a row compare.py counts as that learning rate's failure
-    log_metrics(dict(iter=diverged[0], diverged=str(diverged[1])))
-    print(f"error: loss is {diverged[1]} at iteration {diverged[0]}; stopped without saving "
-          f"({last_checkpoint()}). Try a lower --learning_rate or --dtype=float32", file=sys.stderr)
+    it, what, value = diverged
+    print(json.dumps(dict(iter=it, diverged=str(value))), file=metrics)
+    print(f"error: {what} is {value} at iteration {it}; stopped without saving "
+          f"({last_checkpoint(ckpt_path)}). Try a lower --learning_rate or --dtype=float32",
+          file=sys.stderr)
 elif received and master_process:  # the weights after iter_num whole iterations
     save_checkpoint(checkpoint_now(), ckpt_path)
     print(f"{received[0].name}: saved {ckpt_path} at iteration {iter_num}; continue with "

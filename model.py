@@ -200,11 +200,11 @@ class GPT(nn.Module):
         gates below 0.01 (resets) and the fraction of gate logits the gate's clip
         holds (where the gate before its clip leaves [0, 1]: updates there change nothing).
         """
-        states = []  # (topology, the state h its forward was given), in the order the forward runs them
+        states = []  # (topology, the state h the forward gave it), in the order the forward runs them
         hooks = [t.register_forward_pre_hook(lambda t, args: states.append((t, args[0]))) for t in self.topologies()]
         try:
             with torch.compiler.set_stance("force_eager"):  # compiled Blocks would recompile for the hooks
-                self(idx)
+                self.residual_state(idx)
         finally:
             for hook in hooks:
                 hook.remove()

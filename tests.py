@@ -167,7 +167,7 @@ def test_residuals_hc_sends_stream_i_where_row_i_of_A_r_says():
 def standalone(name, n=4, width=8, sublayer_index=1, ops=residuals, **config):
     """One topology or variant on its own, float64, its GPTConfig otherwise the defaults."""
     config = GPTConfig(n_embd=width, n_head=2, residual=name, n_streams=n, **config)
-    return RESIDUALS[name](config, sublayer_index, ops).double()
+    return config.topology(config, sublayer_index, ops).double()
 
 
 def assert_mix_sums_to_one_under_bf16_autocast(name, logits):

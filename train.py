@@ -71,12 +71,14 @@ scale_lr_mult = 1.0  # the topology's scales (its `scales`: gate logits, skip an
 # system
 device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
-compile = False  # torch.compile each Block (model.compile_blocks: compiled once, reused by every layer)
+compile = False  # torch.compile each Block (model.compile_blocks: compiled once, reused by every layer); GPU: True
 seed = 1337  # the model's init and the batches
 progress = "auto"  # auto: a tqdm bar if stderr is a terminal, else lines; bar; lines (one per log_interval); False: none
 # nanoGPT's shakespeare_char model: the defaults on a GPU, for every key not set by the user
+# and the fast path, the Triton ops (kernels auto) in compiled Blocks
 GPU_DEFAULTS = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2,
-                    learning_rate=1e-3, max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100)
+                    learning_rate=1e-3, max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100,
+                    compile=True)
 # Every numeric setting's allowed values, x its value (configurator.check_ranges)
 RANGES = dict(
     eval_interval="x >= 1", eval_iters="x >= 1", log_interval="x >= 1", gradient_accumulation_steps="x >= 1",
@@ -159,7 +161,8 @@ if device_type == "cuda":
 if master:
     recipe = "nanoGPT's shakespeare_char model" if device_type == "cuda" else "nanoGPT's CPU recipe"
     yours = [key for key in ("n_layer", "n_embd", "n_head", "block_size", "batch_size") if key in user_set]
-    print(f"device {device}, {dtype}, kernels {kernels}: {n_layer} layers x {n_embd}, {n_head} heads, block "
+    path = f"kernels {kernels}" + (" in compiled Blocks" if compile else "")
+    print(f"device {device}, {dtype}, {path}: {n_layer} layers x {n_embd}, {n_head} heads, block "
           f"{block_size}, batch {batch_size}: " + (f"{recipe} with your {', '.join(yours)}" if yours else
           f"{recipe}; set any of them, e.g. --n_layer=6 --n_embd=384 --block_size=256 --batch_size=64"))
     print(f"{residual} with {n_streams} stream(s); learning rate {learning_rate:g} to {min_lr:g}; {tokens_per_iter:,} "

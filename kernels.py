@@ -269,10 +269,19 @@ def sinkhorn(logits, iters=20):
 # owns whole tokens and loops over C in chunks, summing in float32: still one
 # pass over the state, and no second kernel to add up partial sums.
 
-STREAM_BLOCK_C = 256  # channels per tile: 512-byte rows in bf16
+STREAM_BLOCK_C = 256  # channels per tile at most: 512-byte rows in bf16
 STREAM_TILE = 4096  # state elements per program, BLOCK_T * n * BLOCK_C: at n = 4 and 4 warps,
 # each thread holds 8 elements (one 16-byte bf16 load) of each stream
 STREAM_WARPS = 4  # Triton's default num_warps, which the launchers keep
+
+
+def _channel_tile(C):
+    """The channels per tile: of the powers of two from 64 to STREAM_BLOCK_C (or C's own,
+    if smaller), the one that pads C least, the largest of equals. 256 would leave
+    C = 384's second tile half masked, lanes loaded and computed for nothing; 128 tiles
+    it exactly, as 256 does C = 768."""
+    tiles = [b for b in (64, 128, STREAM_BLOCK_C) if b <= triton.next_power_of_2(C)] or [triton.next_power_of_2(C)]
+    return min(reversed(tiles), key=lambda b: triton.cdiv(C, b) * b - C)
 
 
 def _stream_shape(h, backward=False):
@@ -287,7 +296,7 @@ def _stream_shape(h, backward=False):
     (128 channels would take nearly all 255 registers at n = 8; lab/kernels.md has the measurements)."""
     n, C = h.shape[-2:]
     NP = triton.next_power_of_2(n)
-    BLOCK_C = min(STREAM_BLOCK_C, triton.next_power_of_2(C))
+    BLOCK_C = _channel_tile(C)
     BLOCK_T = max(1, STREAM_TILE // (NP * BLOCK_C))
     if backward and BLOCK_T < STREAM_WARPS:
         BLOCK_T, BLOCK_C = STREAM_WARPS, min(BLOCK_C, STREAM_TILE // (NP * NP))

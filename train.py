@@ -68,7 +68,7 @@ scale_lr_mult = 1.0  # the topology's scales (gate logits, skip and branch scale
 # system
 device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
-compile = False  # torch.compile each Block (model.compile_blocks)
+compile = False  # torch.compile each Block (model.compile_blocks); on a GPU its config's True
 seed = 1337  # the model's init and the batches (below 2**32: numpy's seeds)
 progress = "auto"  # auto: a tqdm bar if stderr is a terminal, else lines; bar; lines; False: none
 GPU_CONFIG = os.path.join(os.path.dirname(__file__), "config", "train_shakespeare_char.py")
@@ -121,10 +121,10 @@ if scale_lr_mult != 1.0 and not gptconf.topology.scales:
          + ", ".join(name for name, T in RESIDUALS.items() if T.scales))
 if master_process:
     out_dir_lock = lock_out_dir(out_dir)  # one train.py per out_dir, until this process ends
-    print(f"device {device}, {dtype}, kernels {kernels}; {residual} with {gptconf.n_streams} "
-          f"stream(s), {n_layer} layers x {n_embd}, {n_head} heads, block {block_size}, batch "
-          f"{batch_size}; learning rate {learning_rate:g} to {min_lr:g}; {tokens_per_iter:,} "
-          f"tokens per iteration; writing to {out_dir}")
+    print(f"device {device}, {dtype}, kernels {kernels}{' in compiled Blocks' if compile else ''}; "
+          f"{residual} with {gptconf.n_streams} stream(s), {n_layer} layers x {n_embd}, {n_head} "
+          f"heads, block {block_size}, batch {batch_size}; learning rate {learning_rate:g} to "
+          f"{min_lr:g}; {tokens_per_iter:,} tokens per iteration; writing to {out_dir}")
 
 # --- set-up ------------------------------------------------------------------
 if ddp:

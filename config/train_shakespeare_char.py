@@ -18,3 +18,4 @@ learning_rate = 1e-3  # a small network can take a high learning rate
 max_iters = 5000  # lr_decay_iters follows it, min_lr is learning_rate / 10 (train.py)
 beta2 = 0.99  # a bit larger: few tokens per iteration
 warmup_iters = 100
+compile = True  # the fast path: the Triton kernels (kernels auto on CUDA) in compiled Blocks

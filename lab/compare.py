@@ -101,7 +101,7 @@ ROOT = os.path.dirname(HERE)  # the tutorial: train.py, config/
 
 preset = "cpu"  # one of PRESETS: cpu, gpu, gates, depth, hc_ablation, hc_sign_gain, depth_long, depth_tuned, depth6,
 # depth24, depth48, depth48_long, cpu_tuned, gate_lr, gate_lr48, gate_lr48_5seeds, depth48_decomp,
-# depth48_streams, depth48_tools
+# depth48_streams, depth48_tools, state_dtype
 variants = "all"  # comma-separated labels of the preset's variants, or all
 seeds = ""  # comma-separated integers: one run per variant and seed; "" means the preset's (1337,1338,1339)
 train_args = ""  # more train.py arguments for every run, e.g. "--max_iters=500"

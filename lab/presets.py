@@ -175,4 +175,13 @@ PRESETS = dict(
                                     ("norm_gated_ihc.bounded", "norm_gated_ihc"),
                                     ("norm_gated_ihc.bounded", "residual")),
                          lead=("residual", "norm_gated_ihc")),
+    # what storing the residual state in bf16 (--state_dtype=bfloat16, half the bytes the stream ops move on
+    # a GPU) costs in loss: train.py's CPU model at its default rate, the residual and the headline topology
+    # each against itself with a float32 state, on two seeds (issue 48: a cost, not a tuned comparison)
+    state_dtype=Preset(["--device=cpu"], rate=4e-3, seeds="1337,1338", baselines=("residual", "norm_gated_ihc"),
+                       variants={**topologies("residual"), **with_setting("residual", "state_dtype", "bfloat16"),
+                                 **topologies("norm_gated_ihc"),
+                                 **with_setting("norm_gated_ihc", "state_dtype", "bfloat16")},
+                       contrasts=(("residual+state_dtype=bfloat16", "residual"),
+                                  ("norm_gated_ihc+state_dtype=bfloat16", "norm_gated_ihc"))),
 )

@@ -22,10 +22,9 @@ import torch
 
 from conftest import ROOT, TINY, assert_one_line_error, command_of, metrics, run, run_in_this_process, slow, train_here
 from lab import counterexample, flops, presets, stats
-from model import GPT, GPTConfig, stream_ops
+from model import GPT, RESIDUALS, GPTConfig, stream_ops
 from residuals import TOPOLOGIES
 from theory import DT
-from model import RESIDUALS
 
 LAB = os.path.join(ROOT, "lab")
 
@@ -995,10 +994,11 @@ def test_bench_gpu_dry_run_prints_every_row_beside_the_compiled_residual(monkeyp
         assert row["graphs"] == ("0" if row["way"] in ("eager", "triton_eager") else "1"), row
 
 
-# gpu_check.sh's verdicts, on stand-in tests.py and bench.py in a copy of the script:
-# a test that passes, one that skips, one that waits for ever (the time-out is
-# forced, not raced: nothing can make it finish). The stand-ins import no torch, so
-# the 15 s cap leaves a slow or loaded machine ample time (ten times) for the others.
+# gpu_check.sh's verdicts, on stand-ins of the scripts it runs (tests.py, train.py,
+# sample.py, lab/bench.py) beside a copy of it: a test that passes, one that skips, one
+# that waits for ever (the time-out is forced, not raced: nothing can make it finish); a
+# train.py that learns or not. The stand-ins import no torch, so the 15 s caps leave a
+# slow or loaded machine ample time (ten times) for the others.
 STAND_IN_TESTS = """
 import threading
 import pytest
@@ -1012,6 +1012,35 @@ def test_kernels_gpu_skips():
 def test_kernels_gpu_waits_for_ever():
     threading.Event().wait()
 """
+STAND_IN_TRAIN = """
+import json, os, sys
+args = dict(arg[2:].split("=", 1) for arg in sys.argv[1:])
+os.makedirs(args["out_dir"], exist_ok=True)
+resumed, end = args.get("init_from") == "resume", int(args["max_iters"])
+with open(os.path.join(args["out_dir"], "metrics.jsonl"), "a") as f:
+    for it in ([end] if resumed else [0, end]):
+        f.write(json.dumps(dict(iter=it, val_loss=4.2 if it == 0 else LAST)) + "\\n")
+open(os.path.join(args["out_dir"], "ckpt.pt"), "w").close()
+"""
+
+
+def gpu_check(tmp_path, call, train_last_loss=2.0, **selections):
+    """Run gpu_check.sh CALL on the stand-ins in tmp_path, under PYTHON, the interpreter
+    running these tests (the python3 first on PATH is a stand-in that fails:
+    python_on_path_is_not_this_one). selections: its GPU_CHECK_* variables."""
+    (tmp_path / "lab").mkdir()
+    os.symlink(os.path.join(LAB, "gpu_check.sh"), tmp_path / "lab" / "gpu_check.sh")  # it runs from the folder above
+    (tmp_path / "tests.py").write_text(STAND_IN_TESTS)
+    (tmp_path / "train.py").write_text(STAND_IN_TRAIN.replace("LAST", str(train_last_loss)))
+    (tmp_path / "sample.py").write_text("print('ROMEO: the stand-in speaks')\n")
+    (tmp_path / "lab" / "__init__.py").write_text("")
+    (tmp_path / "lab" / "bench.py").write_text("print('| topology | step ms |')\n")
+    caps = dict(GPU_CHECK_SIDE_S="15", GPU_CHECK_LARGE_S="15", GPU_CHECK_HEADLINE_S="15", GPU_CHECK_BENCH_S="15")
+    env = dict(os.environ, GPU_TESTS_ON_CPU="1", OUT=str(tmp_path / "out"), PYTHON=sys.executable,
+               GPU_CHECK_BENCH_ARGS="", **caps, **selections)
+    result = subprocess.run(["bash", str(tmp_path / "lab" / "gpu_check.sh"), call], env=env, capture_output=True,
+                            text=True, cwd=tmp_path, timeout=300)
+    return result, (tmp_path / "out" / f"{call}-summary.txt").read_text()
 
 
 @pytest.mark.parametrize("kernels_k, verdict", [
@@ -1022,20 +1051,24 @@ def test_kernels_gpu_waits_for_ever():
     pytest.param("passes or waits", "FAIL (timed out after 15s; finished: 1 passed, 0 failed, 0 skipped)",
                  marks=slow)])
 def test_check_script_names_every_verdict(kernels_k, verdict, tmp_path):
-    """Under PYTHON, the interpreter running these tests: the python3 first on PATH
-    is a stand-in that fails (python_on_path_is_not_this_one)."""
-    (tmp_path / "lab").mkdir()
-    os.symlink(os.path.join(LAB, "gpu_check.sh"), tmp_path / "lab" / "gpu_check.sh")  # it runs from the folder above
-    (tmp_path / "tests.py").write_text(STAND_IN_TESTS)
-    (tmp_path / "lab" / "__init__.py").write_text("")
-    (tmp_path / "lab" / "bench.py").write_text("print('| op | GB/s |')\n")
-    env = dict(os.environ, GPU_TESTS_ON_CPU="1", OUT=str(tmp_path / "out"), GPU_CHECK_KERNELS_K=kernels_k,
-               GPU_CHECK_TRAINING_K="passes", GPU_CHECK_TESTS_S="15", GPU_CHECK_BENCH_ARGS="", PYTHON=sys.executable)
-    result = subprocess.run(["bash", str(tmp_path / "lab" / "gpu_check.sh")], env=env, capture_output=True, text=True,
-                            cwd=tmp_path, timeout=300)
-    summary = result.stdout
-    assert f"kernel tests    {verdict}" in summary, summary + result.stderr
-    assert "training tests  pass (1 passed" in summary and "bench           pass" in summary, summary
+    """Call (a): each stage's verdict, printed as the stage ends and in the summary."""
+    result, summary = gpu_check(tmp_path, "correctness", GPU_CHECK_KERNELS_K=kernels_k,
+                                GPU_CHECK_COMPILED_K="passes", GPU_CHECK_LARGE_K="passes")
+    assert f"  kernels    {verdict}" in result.stdout.split("SUMMARY")[0], result.stdout + result.stderr
+    assert f"  kernels    {verdict}" in summary and "  compiled   pass (1 passed" in summary, summary
+    assert "  large      pass (1 passed" in summary, summary
     assert result.returncode == (0 if verdict.startswith("pass") else 1), summary
     if "timed out" in verdict:  # the finished test is listed by name
         assert "tests.py::test_kernels_gpu_passes PASSED" in summary, summary
+
+
+@pytest.mark.parametrize("last_loss, verdict", [
+    (2.0, "pass (trained 4 iterations, resumed to 24, sampled)"),
+    (4.5, "FAIL (learned and saved exited 1)")])
+def test_check_script_headline_fails_a_run_that_does_not_learn(last_loss, verdict, tmp_path):
+    """Call (b): the headline stage trains, checks that the loss fell and a checkpoint was
+    saved, resumes 20 iterations further and samples; its stages side by side, then the bench."""
+    result, summary = gpu_check(tmp_path, "headline", train_last_loss=last_loss, GPU_CHECK_TRAINING_K="passes")
+    assert f"  headline   {verdict}" in summary, summary + result.stderr
+    assert "  training   pass (1 passed" in summary and "  bench      pass" in summary, summary
+    assert result.returncode == (0 if verdict.startswith("pass") else 1), summary

@@ -17,7 +17,7 @@ count of small ops (each costs tens of microseconds however small). So:
     as wide as x, is never formed.
   * Sinkhorn's 40 normalization steps are one node, not ~200.
 
-    python bench.py --device=cpu      # step time of every topology, fused and reference
+    python -m lab.bench --device=cpu   # step time of every topology, fused and reference
 """
 import functools
 

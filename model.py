@@ -13,7 +13,6 @@ scale-invariant). With residual="residual", n = 1 and this is nanoGPT's GPT.
 """
 import inspect
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import residuals
-from residuals import GatedIHC
-from variants import RESIDUALS
+import variants  # noqa: F401  (it registers the study variants in RESIDUALS)
+from residuals import RESIDUALS
 
 
 class CausalSelfAttention(nn.Module):
@@ -59,7 +58,7 @@ class Block(nn.Module):
 
     def __init__(self, config, layer, ops):
         super().__init__()
-        Topology = RESIDUALS[config.residual]
+        Topology = config.topology
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -82,7 +81,8 @@ class Block(nn.Module):
 
 @dataclass
 class GPTConfig:
-    """nanoGPT's model, and the residual topology; checkpoints keep these as model_args."""
+    """nanoGPT's model, and the residual topology; checkpoints keep these as model_args.
+    Made, it has resolved its defaults and checked itself (a ValueError in one line)."""
     block_size: int = 1024
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
     n_layer: int = 12
@@ -91,11 +91,38 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # bias in Linears and LayerNorms, as GPT-2
     residual: str = "residual"  # a topology (residuals.py) or a study variant (variants.py): a key of RESIDUALS
-    n_streams: int = 1  # n, the number of residual streams
+    n_streams: int = 0  # n, the number of residual streams; 0: the topology's default_n_streams
     alpha_init: float = 0.01  # initial a_* (mHC) and s (HC) coefficient scales
     sinkhorn_iters: int = 20  # mhc
     kernels: str = "fused"  # implementation of the stream ops: one of KERNELS (see stream_ops)
     state_dtype: str = "float32"  # the residual state's storage, one of STATE_DTYPES; its arithmetic stays float32
+
+    @property
+    def topology(self):
+        """The class that --residual names."""
+        return RESIDUALS[self.residual]
+
+    def __post_init__(self):
+        """A setting the topology does not read (alpha_init for residual, sinkhorn_iters
+        but for mhc) is an error when set, never silently ignored."""
+        if self.residual not in RESIDUALS:
+            raise ValueError(f"unknown residual '{self.residual}'; choose one of: {', '.join(RESIDUALS)}")
+        self.n_streams = self.n_streams or self.topology.default_n_streams
+        lo, hi = self.topology.n_streams_allowed
+        if not lo <= self.n_streams <= hi:
+            allowed = f"exactly {lo}" if lo == hi else f"from {lo} to {hi}"
+            raise ValueError(f"residual '{self.residual}' needs n_streams {allowed}, got {self.n_streams}")
+        unused = [key for key in ("alpha_init", "sinkhorn_iters")
+                  if getattr(self, key) != self.__dataclass_fields__[key].default and key not in self.topology.settings]
+        if unused:
+            raise ValueError(f"{', '.join(unused)}: '{self.residual}' does not use it; it applies to "
+                             + ", ".join(name for name, T in RESIDUALS.items() if unused[0] in T.settings))
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"unknown kernels '{self.kernels}'; choose one of: {', '.join(KERNELS)}")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(f"unknown state_dtype '{self.state_dtype}'; choose one of: {', '.join(STATE_DTYPES)}")
 
 
 KERNELS = ("reference", "fused", "triton")
@@ -108,7 +135,6 @@ class GPT(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        check_config(config)
         self.config = config
         ops = stream_ops(config.kernels)
         self.transformer = nn.ModuleDict(dict(
@@ -174,26 +200,29 @@ class GPT(nn.Module):
         gates below 0.01 (resets) and the fraction of gate logits the gate's clip
         holds (where the gate before its clip leaves [0, 1]: updates there change nothing).
         """
-        x0 = self.embed(idx)
-        h = self.streams(x0)
-        n = h.size(2)
-        product = torch.eye(n, device=idx.device).expand(*h.shape[:2], n, n)  # (B,T,n,n)
+        states = []  # (topology, the state h the forward gave it), in the order the forward runs them
+        hooks = [t.register_forward_pre_hook(lambda t, args: states.append((t, args[0]))) for t in self.topologies()]
+        try:
+            with torch.compiler.set_stance("force_eager"):  # compiled Blocks would recompile for the hooks
+                self.residual_state(idx)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        n = self.config.n_streams
+        product = torch.eye(n, device=idx.device).expand(*idx.shape, n, n)  # (B,T,n,n)
         gate_mean, gate_resets, gate_clipped = [], [], []
-        for block in self.transformer.h:
-            for topology, sublayer in ((block.attn_topology, block.attn_sublayer),
-                                       (block.mlp_topology, block.mlp_sublayer)):
-                mix = topology.mix_matrix(h)
-                if mix is not None:  # in float32 under bf16 autocast too: a gain, and svdvals has no CUDA bf16
-                    with torch.autocast(idx.device.type, enabled=False):
-                        product = mix.float() @ product
-                if isinstance(topology, GatedIHC):
-                    logits = topology.coefficients(h)[2]  # (B,T,K)
-                    g = topology.gate(logits)  # (B,T,n), or (B,T,1) for mean_gated_ihc
-                    gate_mean.append(g.mean().item())
-                    gate_resets.append((g < 0.01).float().mean().item())
-                    f = topology.unclipped(logits)  # the clip holds where f leaves [0, 1]
-                    gate_clipped.append(((f < 0) | (f > 1)).float().mean().item())
-                h = topology(h, sublayer, x0).to(h.dtype)  # stored as Block.forward stores it
+        for topology, h in states:
+            mix = topology.mix_matrix(h)
+            if mix is not None:  # in float32 under bf16 autocast too: a gain, and svdvals has no CUDA bf16
+                with torch.autocast(idx.device.type, enabled=False):
+                    product = mix.float() @ product
+            if topology.gates:
+                logits = topology.coefficients(h)[2]  # (B,T,K)
+                g = topology.gate(logits)  # (B,T,n), or (B,T,1) for mean_gated_ihc
+                gate_mean.append(g.mean().item())
+                gate_resets.append((g < 0.01).float().mean().item())
+                f = topology.unclipped(logits)  # the clip holds where f leaves [0, 1]
+                gate_clipped.append(((f < 0) | (f > 1)).float().mean().item())
         singular = torch.linalg.svdvals(product)  # (B,T,n)
         total = singular.sum(-1, keepdim=True)
         rank = torch.special.entr(singular / total.clamp_min(1e-30)).sum(-1).exp()  # 1 to n; 0 for P = 0
@@ -224,26 +253,26 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             block.compile(**options)
 
-    def gate_parameters(self):
-        """The gate logits' parameters (GatedIHC's gate_proj and gate_bias), [] if none."""
-        return [p for name, p in self.named_parameters() if name.endswith((".gate_proj", ".gate_bias"))]
+    def topologies(self):
+        """Every sublayer's topology, in the order the forward runs them."""
+        return [topology for block in self.transformer.h for topology in (block.attn_topology, block.mlp_topology)]
 
-    def scale_parameters(self):
-        """Every sublayer's scale-like parameters, those its topology names in `scales`
-        (a gate's logits, a skip or branch scale, hc's statics), [] if none."""
-        return [getattr(topology, name) for block in self.transformer.h
-                for topology in (block.attn_topology, block.mlp_topology) for name in topology.scales]
+    def topology_parameters(self, kind):
+        """The parameters every sublayer's topology names as its `kind`: "gates" (the gate
+        logits' parameters) or "scales" (a gate's logits, a skip or branch scale, hc's
+        statics); [] if none."""
+        return [getattr(topology, name) for topology in self.topologies() for name in getattr(topology, kind)]
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, scale_lr_mult=1.0):
         """AdamW; decayed: the projection matrices (Linear weights, embeddings, the
         topologies' W). Not decayed: biases, norms, and the topologies' static
         parameters (biases b_*, scales a_* / s, HC's static pre / post / A_r). The
-        topologies' scales (scale_parameters) get groups of their own whose rate is
+        topologies' scales (topology_parameters) get groups of their own whose rate is
         scale_lr_mult times the rest's: each group's lr_mult, which train.py
         multiplies its scheduled rate by."""
         params = {name: p for name, p in self.named_parameters() if p.requires_grad}
         decayed = lambda name, p: p.dim() >= 2 and "_static" not in name
-        scale_ids = {id(p) for p in self.scale_parameters()}
+        scale_ids = {id(p) for p in self.topology_parameters("scales")}
         groups = [{"params": [p for name, p in params.items() if decayed(name, p) == decay
                               and (id(p) in scale_ids) == scaled],
                    "weight_decay": weight_decay if decay else 0.0, "lr_mult": scale_lr_mult if scaled else 1.0}
@@ -267,73 +296,6 @@ class GPT(nn.Module):
             probs = F.softmax(logits, dim=-1)
             idx = torch.cat((idx, torch.multinomial(probs, num_samples=1, generator=generator)), dim=1)
         return idx
-
-
-def load_checkpoint(path):
-    """train.py's checkpoint at path. Any damage (truncated, corrupted, not ours) is a
-    ValueError with a one-line message naming the file."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"cannot load checkpoint {path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                         f"it is truncated, corrupted or not from this train.py") from e
-    unknown = set(checkpoint.get("model_args", {})) - set(GPTConfig.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"checkpoint {path} names settings this model does not have ({', '.join(sorted(unknown))}); "
-                         f"it was made by an older train.py, before the study variants became names (variants.py)")
-    return checkpoint
-
-
-def choose_device(device, dtype, local_rank=0):
-    """train.py's and sample.py's --device (auto: a CUDA GPU, then Apple's MPS, then
-    the CPU; cuda: torchrun's local_rank) and --dtype (auto: bfloat16 on GPUs that
-    have it, else float32): (device, device_type, dtype, autocast context). A device
-    that is not there, or a name not in the lists, is a ValueError in one line."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    if device == "cuda":  # torch.cuda.set_device needs an index
-        device = f"cuda:{local_rank}"
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device.startswith("cuda:") and gpus == 0:
-        raise ValueError(f"device '{device}' asked for, but torch sees no CUDA GPU; use --device=cpu or auto")
-    if device.startswith("cuda:") and not (device[5:].isdigit() and int(device[5:]) < gpus):
-        raise ValueError(f"device '{device}': torch sees {gpus} CUDA GPU(s); use cuda, auto or cuda:0 to "
-                         f"cuda:{gpus - 1}")
-    if device == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device 'mps' asked for, but this torch has no MPS backend; use --device=cpu or auto")
-    if device not in ("cpu", "mps") and not device.startswith("cuda:"):
-        raise ValueError(f"unknown device '{device}'; choose auto, cpu, cuda, cuda:N or mps")
-    device_type = device.split(":")[0]
-    if dtype == "auto":
-        dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"unknown dtype '{dtype}'; choose one of: auto, float32, bfloat16, float16")
-    autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=getattr(torch, dtype))
-    return device, device_type, dtype, autocast
-
-
-def check_config(config):
-    """Raise ValueError with a one-line message for a config the model cannot build.
-    A setting the topology does not read (alpha_init for residual, sinkhorn_iters
-    but for mhc) is an error when set, never silently ignored."""
-    if config.residual not in RESIDUALS:
-        raise ValueError(f"unknown residual '{config.residual}'; choose one of: {', '.join(RESIDUALS)}")
-    Topology = RESIDUALS[config.residual]
-    lo, hi = Topology.n_streams_allowed
-    if not lo <= config.n_streams <= hi:
-        allowed = f"exactly {lo}" if lo == hi else f"from {lo} to {hi}"
-        raise ValueError(f"residual '{config.residual}' needs n_streams {allowed}, got {config.n_streams}")
-    unused = [key for key in ("alpha_init", "sinkhorn_iters")
-              if getattr(config, key) != getattr(GPTConfig, key) and key not in Topology.settings]
-    if unused:
-        raise ValueError(f"{', '.join(unused)}: '{config.residual}' does not use it; it applies to "
-                         + ", ".join(name for name, T in RESIDUALS.items() if unused[0] in T.settings))
-    if config.n_embd % config.n_head:
-        raise ValueError(f"n_embd ({config.n_embd}) must be a multiple of n_head ({config.n_head})")
-    if config.kernels not in KERNELS:
-        raise ValueError(f"unknown kernels '{config.kernels}'; choose one of: {', '.join(KERNELS)}")
-    if config.state_dtype not in STATE_DTYPES:
-        raise ValueError(f"unknown state_dtype '{config.state_dtype}'; choose one of: {', '.join(STATE_DTYPES)}")
 
 
 def stream_ops(name):

@@ -7,7 +7,7 @@ Turn text into the token files train.py reads: data/<dataset>/{train,val}.bin
     python prepare.py --input=my.txt --tokenizer=gpt2 --dataset=mine
 
 Everything is offline: the text and the GPT-2 BPE files are bundled in data/.
-train.py runs this on first use when the .bin files are missing.
+train.py runs this on first use when the .bin files are missing (open_dataset).
 """
 import os
 import pickle
@@ -15,6 +15,8 @@ import tempfile
 
 import numpy as np
 import torch
+
+from configurator import configure, fail
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 SHAKESPEARE = os.path.join(DATA_DIR, "shakespeare", "input.txt")
@@ -48,7 +50,7 @@ def tokenizer_for(text, name):
 def write_atomically(path, write):
     """write(file) into a temporary file unique to this call, then rename it to path:
     a reader never sees a half-written file, and two processes preparing the same
-    dataset at once (gpu_check.sh starts two test runs on a fresh clone) each write
+    dataset at once (DDP processes on a fresh clone, or two test runs) each write
     their own temporary file; both hold the same bytes, so whichever rename lands
     last leaves the same file."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
@@ -86,6 +88,23 @@ def prepare_dataset(dataset):
     return prepare(dataset, input_file, tokenizer)
 
 
+def open_dataset(dataset, block_size):
+    """data/<dataset> and its vocabulary size; a bundled dataset is tokenized on first use (by
+    every DDP process at once, if so: write_atomically). A dataset with no files that is not
+    bundled, or a validation split not longer than block_size, is a one-line error."""
+    data_dir = os.path.join(DATA_DIR, dataset)
+    if not os.path.exists(os.path.join(data_dir, "meta.pkl")):  # written last: the others are complete
+        if dataset not in DATASETS:
+            fail(f"no data for dataset '{dataset}' in {data_dir}: choose one of {', '.join(DATASETS)} "
+                 f"or make it with python prepare.py --input=FILE --dataset={dataset}")
+        prepare_dataset(dataset)
+    n_val = len(np.memmap(os.path.join(data_dir, "val.bin"), dtype=np.uint16, mode="r"))
+    if block_size >= n_val:
+        fail(f"block_size {block_size} is not shorter than the validation split ({n_val} tokens)")
+    with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
+        return data_dir, pickle.load(f)["vocab_size"]
+
+
 def get_batch(data, batch_size, block_size, generator, rows=slice(None)):
     """batch_size windows of block_size tokens at random offsets of data (a token
     array, e.g. a np.memmap of train.bin): inputs x and targets y, the next token
@@ -97,8 +116,18 @@ def get_batch(data, batch_size, block_size, generator, rows=slice(None)):
     return x, y
 
 
+def consecutive_batches(data, block_size, batch_size, rank=0, world_size=1):
+    """Every token of data but the first as a target once: consecutive windows of block_size
+    and their next tokens, batch_size windows at a time (the last batch shorter), x and y int64
+    (B, T); rank and world_size: a DDP process's share of the batches."""
+    tokens = torch.from_numpy(data[:(len(data) - 1) // block_size * block_size + 1].astype(np.int64))
+    step = batch_size * block_size  # the tokens of one batch
+    for start in range(rank * step, len(tokens) - 1, world_size * step):
+        chunk = tokens[start:min(start + step, len(tokens) - 1) + 1]
+        yield chunk[:-1].view(-1, block_size), chunk[1:].view(-1, block_size)
+
+
 if __name__ == "__main__":
-    from configurator import configure, fail
     dataset = "shakespeare_char"  # a bundled dataset, or the name of the folder to write for --input
     input = ""  # any UTF-8 text file to tokenize instead of a bundled dataset
     tokenizer = "char"  # for --input: char or gpt2

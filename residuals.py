@@ -14,10 +14,13 @@ state to n streams and wrap every sublayer in four steps:
 The eight topologies differ only in where pre, post and MIX come from. They share
 one interface, `Topology(config, sublayer_index, ops)` with
 `forward(h, sublayer, x0) -> h'` (x0: the token embedding, which only a variant
-reads), and one lookup table, TOPOLOGIES, at the end.
-Each is written in its plainest form; the studies' variants of them (hc with
-part of its mixing taken away, other gates, ...) are named entries in
-variants.py, a few lines each on top of these classes.
+reads), and one lookup table, TOPOLOGIES, at the end; RESIDUALS beside it holds
+every name --residual takes. Each class answers for itself what the model asks
+of it: its streams (default_n_streams, n_streams_allowed), the settings it
+reads, and which of its parameters are gates and scales. Each is written in its
+plainest form; the studies' variants of them (hc with part of its mixing taken
+away, other gates, ...) are named entries in variants.py, a few lines each on
+top of these classes, which it registers in RESIDUALS.
 
     residual        x + F(x), n = 1                              (He et al. 2015)
     hc              tanh-dynamic unconstrained A_r               arXiv 2409.19606
@@ -82,9 +85,10 @@ def stream_write(h, mix, post, y):
 class Residual(nn.Module):
     """x + F(x) with one stream: exactly nanoGPT's Block."""
     n_streams_allowed = (1, 1)  # inclusive range
-    default_n_streams = 1
-    settings = ()  # the GPTConfig settings it reads besides the model's size (model.check_config)
+    default_n_streams = 1  # GPTConfig's n_streams when it is 0
+    settings = ()  # the GPTConfig settings it reads besides the model's size (GPTConfig checks them)
     scales = ()  # its scale-like parameters, by name: they train at --scale_lr_mult times the rate
+    gates = ()  # the parameters that make its gate logits, by name (train.py logs their gradient norm)
 
     def __init__(self, config, sublayer_index, ops):
         super().__init__()
@@ -123,7 +127,7 @@ class Streams(nn.Module):
     n_streams_allowed = (2, 8)
     default_n_streams = 4
     settings = ("alpha_init",)
-    scales = ()
+    scales = gates = ()
 
     def mix_matrix(self, h):
         """The (B,T,n,n) matrix MIX applies to h, or None for the identity."""
@@ -345,7 +349,7 @@ class GatedIHC(DynamicStreams):
     MIX = 0.9 I shrinks the state at each sublayer (its siblings' step 0 is the residual).
     Its scales are the gate logits' parameters: a gate scales its stream."""
     gate_init = 0.9
-    scales = ("gate_proj", "gate_bias")
+    scales = gates = ("gate_proj", "gate_bias")
 
     def __init__(self, config, sublayer_index, ops):
         super().__init__(config, sublayer_index, ops)
@@ -417,3 +421,6 @@ TOPOLOGIES = {
     "norm_gated_ihc": NormGatedIHC,
     "mean_gated_ihc": MeanGatedIHC,
 }
+# Every name --residual takes: the topologies, then the study variants, which variants.py adds
+# (model.py imports it, so every GPTConfig knows them).
+RESIDUALS = dict(TOPOLOGIES)

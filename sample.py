@@ -13,8 +13,8 @@ import pickle
 
 import torch
 
-from configurator import check_choices, check_ranges, configure, fail
-from model import GPT, KERNELS, GPTConfig, choose_device, load_checkpoint
+from configurator import check_settings, choose_device, configure, fail, load_checkpoint
+from model import GPT, KERNELS, GPTConfig
 from prepare import DATA_DIR, gpt2_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -28,29 +28,21 @@ seed = 1337
 device = "auto"  # auto, cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto (bfloat16 on GPUs that have it, else float32), float32, bfloat16 or float16
 kernels = "fused"  # the stream ops (model.stream_ops): reference, fused or triton
-# Every numeric setting's allowed values, x its value (configurator.check_ranges)
-RANGES = dict(num_samples="x >= 1", max_new_tokens="x >= 1", temperature="x > 0", top_k="x >= 0",
-              seed="0 <= x < 2**32")  # as train.py's seed
+# Every setting's allowed values, an interval or a tuple of choices (configurator.check_settings)
+ALLOWED = dict(num_samples="[1, inf)", max_new_tokens="[1, inf)", temperature="(0, inf)",
+               top_k="[0, inf)", seed="[0, 2**32)", kernels=KERNELS)  # seeds as train.py's
 # -----------------------------------------------------------------------------
 configure(globals())
-check_ranges(globals(), RANGES)
-check_choices(globals(), dict(kernels=KERNELS))
-try:
-    device, device_type, dtype, autocast = choose_device(device, dtype)
-except ValueError as e:
-    fail(str(e))
+check_settings(globals(), ALLOWED)
+device, device_type, dtype, ctx = choose_device(device, dtype)
 
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
-if not os.path.exists(ckpt_path):
-    fail(f"no checkpoint at {ckpt_path}; train one with python train.py --out_dir={out_dir}")
-try:
-    checkpoint = load_checkpoint(ckpt_path)
-except ValueError as e:
-    fail(str(e))
+checkpoint = load_checkpoint(ckpt_path, f"no checkpoint at {ckpt_path}; train one with "
+                                         f"python train.py --out_dir={out_dir}")
 try:
     model = GPT(GPTConfig(**{**checkpoint["model_args"], "kernels": kernels}))
     model.load_state_dict(checkpoint["model"])
-except (TypeError, ValueError, RuntimeError) as e:  # settings or weights this model.py does not have
+except (ValueError, RuntimeError) as e:  # settings or weights this model.py does not have
     fail(f"checkpoint {ckpt_path} does not fit this model.py ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
 model.eval().to(device)
 
@@ -87,7 +79,7 @@ if not start_ids:
     fail("the prompt is empty; give --start with at least one character")
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 generator = torch.Generator(device=device).manual_seed(seed)
-with torch.no_grad(), autocast:
+with torch.no_grad(), ctx:
     for _ in range(num_samples):
         y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=generator)
         print(decode(y[0].tolist()))

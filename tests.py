@@ -7,16 +7,16 @@ Tests check behaviour a user relies on (the step-0 network is the residual one,
 training lowers the loss, a resumed run equals an uninterrupted one, every fast
 op equals the maths it speeds up), not shapes. One part per file, in the README's
 reading order, variants.py last as its appendix; every test is named
-test_<file>_..., and grep -n '^# ' tests.py is the table of contents. First come
-the helpers the parts share: comparing an op with its reference (every output and
-every gradient, under random upstream gradients) and the table of the fast
-implementations. The fast ops' tests sit in fused.py's part, each run through
-model.stream_ops on fused.py and on kernels.py (the Triton kernels run on the CPU,
-in Triton's interpreter).
+test_<file>_..., and grep -n '^# ' tests.py is the table of contents. The harness
+the parts share is conftest.py's: running the scripts as a user does, comparing an
+op with its reference (every output and every gradient, under random upstream
+gradients) and the table of the fast implementations. fused.py and kernels.py share
+a part: each fast op's test runs through model.stream_ops on both (the Triton
+kernels on the CPU, in Triton's interpreter).
 
-The GPU tests (test_kernels_gpu_*, skipped without CUDA) run the kernels compiled
-for a real GPU (C = 768, as in a 12 x 768 model; 8 x 1024 tokens; n = 2..8; a state
-past 2^31 elements), where the interpreter cannot look: GPU rounding
+The GPU tests (test_kernels_gpu_*, a part of their own, skipped without CUDA) run
+the kernels compiled for a real GPU (C = 768, as in a 12 x 768 model; 8 x 1024
+tokens; n = 2..8; a state past 2^31 elements), where the interpreter cannot look: GPU rounding
 (round-to-nearest bf16, approximate division and exp), reductions over small tiles,
 determinism, torch.compile. bash lab/gpu_check.sh runs them, then lab/bench.py:
     TRITON_INTERPRET=0 python -m pytest tests.py -k kernels_gpu
@@ -44,156 +44,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-try:
-    import kernels
-except ModuleNotFoundError as e:  # no triton (macOS, Windows): its tests skip, the rest run
-    if e.name != "triton":
-        raise
-    kernels = None
 import configurator
 import residuals
 import theory
-from model import GPT, GPTConfig, check_config, choose_device, stream_ops
+from conftest import (ALL_IMPLS, B, C, FAST, IMPLS, ROOT, TINY, T, assert_close, assert_one_line_error, cases,
+                      check_against_reference, implementation, impls, kernels, metrics, needs_triton,
+                      outputs_and_gradients, run, run_in_this_process, slow, stream_inputs, tiny_config,
+                      topology_parameters, train_here, training_batches)
+from model import GPT, RESIDUALS, GPTConfig, stream_ops
 from prepare import DATA_DIR, get_batch, gpt2_tokenizer, prepare_dataset, write_atomically
 from residuals import TOPOLOGIES
 from theory import DT
-from variants import RESIDUALS, VARIANTS
-from conftest import ROOT, TINY, assert_one_line_error, metrics, run, run_in_this_process, slow, tiny_config, train_here
+from variants import VARIANTS
 
-needs_triton = pytest.mark.skipif(kernels is None, reason="triton is not installed (it has wheels for Linux only)")
 STREAM_TOPOLOGIES = [name for name in TOPOLOGIES if name != "residual"]
 GATED = ("gated_ihc", "norm_gated_ihc", "mean_gated_ihc")
-
-
-def topology_parameters(model):
-    return {name: p for name, p in model.named_parameters() if "_topology." in name}
-
-
-def training_batches(count, batch_size=8, block_size=16, seed=0):
-    data = np.memmap(os.path.join(DATA_DIR, "shakespeare_char", "train.bin"), dtype=np.uint16, mode="r")
-    gen = torch.Generator().manual_seed(seed)
-    return [get_batch(data, batch_size, block_size, gen) for _ in range(count)]
-
-
-B, T = 3, 21  # 63 tokens: not a multiple of any block
-C = 37  # odd on purpose
-
-
-def stream_inputs(n, mix=None, dtype=torch.float64, y_dtype=None, width=C, seed=0, tokens=(B, T)):
-    """Random h (B,T,n,C), mix (None, (B,T,n) diagonal or (B,T,n,n) full), post (B,T,n)
-    and y (B,T,C), in dtype (y in y_dtype if given). pre for a read: use post."""
-    g, (B, T) = torch.Generator().manual_seed(seed), tokens
-    mixes = {None: None, "diagonal": torch.rand(B, T, n, generator=g),
-             "full": 2 * torch.rand(B, T, n, n, generator=g) - 1}
-    h, post = torch.randn(B, T, n, width, generator=g), 2 * torch.rand(B, T, n, generator=g)
-    y, mix = torch.randn(B, T, width, generator=g), mixes[mix]
-    return dict(h=h.to(dtype), mix=None if mix is None else mix.to(dtype), post=post.to(dtype),
-                y=y.to(y_dtype or dtype))
-
-
-def upstream_gradients(outs, seed=0):
-    """Random float64 upstream gradients for outputs outs, drawn where the outputs are
-    (on a GPU, not on the CPU): the same for the same seed, shapes and device."""
-    gen = torch.Generator(outs[0].device).manual_seed(seed)
-    return [torch.randn(o.shape, generator=gen, dtype=torch.float64, device=o.device) for o in outs]
-
-
-def outputs_and_gradients(fn, inputs, constants, used=None, expand=None, seed=0, upstream=None):
-    """fn(**inputs, **constants) and the gradient, for every tensor in inputs, of
-    sum_k <out_k, u_k> with random upstream gradients u_k (the same for the same
-    seed and shapes) over the outputs listed in `used` (default: all).
-    expand={name: shape}: that input is handed to fn expand()ed to shape (a stride-0
-    view, as the model's first layer hands h, the embedding copied to n streams).
-    upstream: given upstream gradients instead of drawn ones."""
-    leaves = {k: None if v is None else v.detach().clone().requires_grad_() for k, v in inputs.items()}
-    args = {k: v.expand(expand[k]) if expand and k in expand else v for k, v in leaves.items()}
-    out = fn(**args, **constants)
-    outs = out if isinstance(out, tuple) else (out,)
-    upstream = upstream_gradients(outs, seed) if upstream is None else upstream
-    loss = sum((o.double() * u).sum() for k, (o, u) in enumerate(zip(outs, upstream)) if used is None or k in used)
-    wrt = [k for k, v in leaves.items() if v is not None]
-    grads = torch.autograd.grad(loss, [leaves[k] for k in wrt], allow_unused=True)
-    return outs, {k: torch.zeros_like(leaves[k]) if g is None else g for k, g in zip(wrt, grads)}
-
-
-def assert_close(name, got, want, tol, floor=0.0):
-    """Relative RMS error of got against want. Errors are measured against
-    max(rms(want), floor): a floor stands for the scale below which float32
-    cannot resolve the true value."""
-    assert not got.isnan().any(), f"{name}: NaN"
-    if want.numel() == 0:  # ihc's MIX logits: none
-        return
-    err = (got.double() - want.double()).pow(2).mean().sqrt().item()
-    scale = max(want.double().pow(2).mean().sqrt().item(), floor)
-    assert err <= tol * scale, f"{name}: relative RMS error {err / max(scale, 1e-300):.2e} > {tol:.0e}"
-
-
-def implementation(impl):
-    """model.stream_ops(impl), the model's own switch; triton's tests skip where it is not installed."""
-    if impl == "triton" and kernels is None:
-        pytest.skip("triton is not installed (it has wheels for Linux only)")
-    return stream_ops(impl)
-
-
-def check_against_reference(impl, op, inputs, tol, constants={}, used=None, expand=None, floor=0.0, chunk=None):
-    """impl's op (through model.stream_ops, the model's own switch) against
-    residuals.py's, run in float64 on the same values: every output, and the
-    gradient of every tensor input, each in its input's dtype. tol: one relative
-    RMS error for all, or one per dtype of the tensor compared. chunk: run the
-    reference on that many rows of the inputs' first dimension at a time, with the
-    matching rows of the same upstream gradients (the float64 full mix at n = 8 and
-    64 x 1024 tokens would hold ~70 GB at once)."""
-    outs, grads = outputs_and_gradients(getattr(implementation(impl), op), inputs, constants, used, expand)
-    inputs64 = {k: None if v is None else v.double() for k, v in inputs.items()} if chunk is None else None
-    constants64 = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in constants.items()}
-    if chunk is None:
-        refs, ref_grads = outputs_and_gradients(getattr(residuals, op), inputs64, constants64, used, expand)
-    else:
-        upstream, rows = upstream_gradients(outs), next(v for v in inputs.values() if v is not None).shape[0]
-        parts = [outputs_and_gradients(getattr(residuals, op), {k: None if v is None else v[r:r + chunk].double()
-                                                                for k, v in inputs.items()},
-                                       constants64, used, upstream=[u[r:r + chunk] for u in upstream])
-                 for r in range(0, rows, chunk)]
-        refs = [torch.cat(part) for part in zip(*(outs_ for outs_, _ in parts))]
-        ref_grads = {k: torch.cat([grads_[k] for _, grads_ in parts]) for k in parts[0][1]}
-    for k, (out, ref) in enumerate(zip(outs, refs, strict=True)):
-        assert out.shape == ref.shape, f"{impl} {op} output {k}: shape {tuple(out.shape)}, not {tuple(ref.shape)}"
-        assert_close(f"{impl} {op} output {k}", out, ref, tol[out.dtype] if isinstance(tol, dict) else tol, floor)
-    for name, grad in grads.items():
-        assert grad.dtype == inputs[name].dtype, f"{impl} {op}: d {name} is {grad.dtype}, not {inputs[name].dtype}"
-        assert_close(f"{impl} {op} d {name}", grad, ref_grads[name], tol[grad.dtype] if isinstance(tol, dict) else tol,
-                     floor)
-    return outs
-
-
-CASES = {  # id: (impl, dtype, tol)
-    "fused": ("fused", torch.float64, 1e-10),
-    "fused-float32": ("fused", torch.float32, 1e-5),
-    "triton": ("triton", torch.float32, 1e-5),
-    "triton-bf16": ("triton", torch.bfloat16, 1e-2),
-}
-
-
-def cases(*ids):
-    """Parametrize impl, dtype, tol over these CASES (the Triton ones are slow: the
-    interpreter). CASES is the one table of the fast implementations: each case's
-    dtype and the relative RMS error allowed against the float64 reference. fused in
-    float64 is the same maths, rounding-level; in float32, float32's rounding. Triton
-    loads in the tensor's dtype and computes in float32; in bf16 each output is
-    rounded once to 8 bits."""
-    return pytest.mark.parametrize("impl, dtype, tol", [
-        pytest.param(*CASES[i], id=i, marks=slow if CASES[i][0] == "triton" else ()) for i in ids])
-
-
-def impls(*names):
-    """Parametrize impl alone, for tests with tolerances of their own."""
-    return pytest.mark.parametrize("impl", [pytest.param(name, marks=slow) if name == "triton" else name
-                                            for name in names])
-
-
-FAST = cases("fused", "triton", "triton-bf16")
-IMPLS = impls("fused", "triton")
-ALL_IMPLS = impls("reference", "fused", "triton")
 
 
 #===================================================================================================
@@ -302,7 +167,7 @@ def test_residuals_hc_sends_stream_i_where_row_i_of_A_r_says():
 def standalone(name, n=4, width=8, sublayer_index=1, ops=residuals, **config):
     """One topology or variant on its own, float64, its GPTConfig otherwise the defaults."""
     config = GPTConfig(n_embd=width, n_head=2, residual=name, n_streams=n, **config)
-    return RESIDUALS[name](config, sublayer_index, ops).double()
+    return config.topology(config, sublayer_index, ops).double()
 
 
 def assert_mix_sums_to_one_under_bf16_autocast(name, logits):
@@ -522,6 +387,15 @@ def test_model_every_topology_and_variant_starts_as_the_residual_network(name):
     assert err < 1e-5, f"{name} at step 0 differs from the residual network by {err}"
 
 
+@pytest.mark.parametrize("name, n", [("residual", 1), ("hc", 4), ("mhc", 4), ("mhc_lite", 4), ("hc.one_stream", 1)])
+def test_model_gptconfig_resolves_the_topologys_number_of_streams(name, n):
+    """GPTConfig(residual=name) builds that topology at its default n_streams (0 means the
+    default): GPTConfig is the one place that resolves it, for train.py, the tests and the lab."""
+    config = GPTConfig(residual=name, n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=8)
+    assert config.n_streams == n and GPTConfig(**vars(config)) == config
+    assert GPT(config).residual_state(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, n, 8)
+
+
 @pytest.mark.parametrize("config, message", [
     (dict(residual="hc.mix_none"), "unknown residual 'hc.mix_none'; choose one of: residual, hc, mhc, mhc_lite, ihc, "
                                    "gated_ihc, norm_gated_ihc, mean_gated_ihc, residual.scaled, "),
@@ -533,7 +407,7 @@ def test_model_every_topology_and_variant_starts_as_the_residual_network(name):
 ])
 def test_model_a_setting_the_topology_would_ignore_is_an_error(config, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        check_config(GPTConfig(**config))
+        GPTConfig(**config)
 
 
 @pytest.mark.slow  # two 12-layer train.py runs: a fifth of the quick tier
@@ -660,32 +534,6 @@ def test_model_matches_reference(name, impl):
         assert err <= 1e-4 * scale + 1e-7, f"{name} {impl}: d {pname} differs by {err:.2e} (max {scale:.2e})"
 
 
-@pytest.mark.parametrize("asked, gpus, rank, chosen", [
-    ("cuda", 1, 0, "cuda:0"),  # torch.cuda.set_device refuses a bare "cuda" (seen on the first GPU run)
-    ("cuda", 2, 1, "cuda:1"),  # torchrun's second process
-    ("auto", 2, 1, "cuda:1"),
-    ("cuda:1", 2, 0, "cuda:1"),
-])
-def test_model_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
-
-
-@pytest.mark.parametrize("asked, gpus, message", [
-    ("cuda:2", 2, "device 'cuda:2': torch sees 2 CUDA GPU(s); use cuda, auto or cuda:0 to cuda:1"),
-    ("cuda:x", 1, "device 'cuda:x': torch sees 1 CUDA GPU(s)"),
-    ("cuda", 0, "device 'cuda:0' asked for, but torch sees no CUDA GPU"),
-    ("cudax", 1, "unknown device 'cudax'"),
-])
-def test_model_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    with pytest.raises(ValueError, match=re.escape(message)):
-        choose_device(asked, "float32")
-
-
 @slow
 def test_model_compile_blocks_compiles_one_block_for_every_layer(tmp_path):
     """--compile=True compiles each Block's code once: 2 and 4 layers trace the same
@@ -799,8 +647,8 @@ def test_model_composite_gain_of_the_mix_product():
 
 def test_model_composite_gain_is_float32_under_bf16_autocast():
     """train.py measures under the GPU's bf16 autocast, where a matmul would round
-    the product to bf16 (8 bits: 1.001 is 1.0) and CUDA's svdvals refuses bf16
-    (the first GPU run). A gain of 1.001 must read as 1.001."""
+    the product to bf16 (8 bits: 1.001 is 1.0) and CUDA's svdvals refuses bf16.
+    A gain of 1.001 must read as 1.001."""
     torch.manual_seed(0)
     model = GPT(tiny_config("hc"))
     with torch.no_grad():
@@ -944,55 +792,118 @@ def test_configurator_configure_mistakes_are_one_line_errors(argv, message, tmp_
     assert_one_line_error(stopped.value.code, err, message)
 
 
+@pytest.mark.parametrize("asked, gpus, rank, chosen", [
+    ("cuda", 1, 0, "cuda:0"),  # torch.cuda.set_device refuses a bare "cuda"
+    ("cuda", 2, 1, "cuda:1"),  # torchrun's second process
+    ("auto", 2, 1, "cuda:1"),
+    ("cuda:1", 2, 0, "cuda:1"),
+])
+def test_configurator_choose_device_gives_cuda_an_index(asked, gpus, rank, chosen, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert configurator.choose_device(asked, "float32", rank)[:2] == (chosen, "cuda")
+
+
+@pytest.mark.parametrize("asked, gpus, message", [
+    ("cuda:2", 2, "device 'cuda:2': torch sees 2 CUDA GPU(s); use cuda, auto or cuda:0 to cuda:1"),
+    ("cuda:x", 1, "device 'cuda:x': torch sees 1 CUDA GPU(s)"),
+    ("cuda", 0, "device 'cuda:0' asked for, but torch sees no CUDA GPU"),
+    ("cudax", 1, "unknown device 'cudax'"),
+])
+def test_configurator_choose_device_rejects_a_gpu_that_is_not_there(asked, gpus, message, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(SystemExit) as stopped:
+        configurator.choose_device(asked, "float32")
+    assert_one_line_error(stopped.value.code, capsys.readouterr().err, message)
+
+
+@pytest.mark.parametrize("rule, inside, outside, message", [
+    ("[1, inf)", 1, 0, "--n_layer=0: must be n_layer >= 1"),
+    ("(0, inf)", 1, 0, "--n_layer=0: must be n_layer > 0"),
+    ("[0, 1)", 0, 1, "--n_layer=1: must be 0 <= n_layer < 1"),
+    ("(-inf, 1]", 1, 2, "--n_layer=2: must be n_layer <= 1"),
+    ("[0, 2**32)", 2**32 - 1, 2**32, "--n_layer=4294967296: must be 0 <= n_layer < 2**32"),
+    ("[0, width]", 8, 9, "--n_layer=9: must be 0 <= n_layer <= width (width = 8)"),
+    (("one", "two"), "two", "three", "unknown n_layer 'three'; choose one of: one, two"),
+])
+def test_configurator_check_settings_says_what_is_allowed(rule, inside, outside, message, capsys):
+    """An interval's brackets and ends in the words of a comparison (another setting as an
+    end: its value too), a tuple's choices listed; a value inside passes without a word."""
+    configurator.check_settings(dict(n_layer=inside, width=8), dict(n_layer=rule))
+    with pytest.raises(SystemExit) as stopped:
+        configurator.check_settings(dict(n_layer=outside, width=8), dict(n_layer=rule))
+    assert_one_line_error(stopped.value.code, capsys.readouterr().err, "error: " + message)
+
+
+@pytest.mark.parametrize("source, message", [
+    ("n_layer = 6\nlearning_rate = 1e-3 +\n", "config file 'PRESET' line 2: invalid syntax"),
+    ("n_layer = 6\nn_head = heads\n", "config file 'PRESET' line 2: NameError: name 'heads' is not defined"),
+])
+def test_configurator_a_config_file_that_does_not_run_is_a_one_line_error(source, message, tmp_path):
+    """python train.py my_config.py, with a mistake in its Python: the file and its line."""
+    preset = tmp_path / "preset.py"
+    preset.write_text(source)
+    status, _, stderr = run_in_this_process("train.py", str(preset))
+    assert_one_line_error(status, stderr, message.replace("PRESET", str(preset)))
+
+
 class Checked(Exception):
-    """Raised in place of a script's work, right after its range check."""
+    """Raised in place of a script's work, right after its settings' check."""
 
 
-RANGED = ["train.py", "sample.py", "lab/compare.py", "lab/bench.py", "lab/depth_sweep.py"]
+RANGED = ["train.py", "sample.py", "lab/compare.py", "lab/bench.py", "lab/depth_sweep.py", "lab/counterexample.py"]
 
 
 def settings_and_ranges(script, monkeypatch):
-    """The script's settings (their defaults) and RANGES, as its check_ranges call gets them."""
-    seen = {}
+    """The script's settings (those configure gets) with the values its check_settings call
+    sees, and the intervals of their allowed values."""
+    seen, configure = {}, configurator.configure
 
-    def record(config, ranges):
-        seen.update(settings={k: config[k] for k in configurator.config_keys(config)}, ranges=ranges)
+    def keys_then_configure(config, argv=None):
+        seen.update(keys=configurator.setting_keys(config))
+        return configure(config, argv)
+
+    def record(config, allowed):
+        seen.update(settings={k: config[k] for k in seen["keys"]},
+                    ranges={k: rule for k, rule in allowed.items() if isinstance(rule, str)})
         raise Checked
 
     with monkeypatch.context() as patch, pytest.raises(Checked):
-        patch.setattr(configurator, "check_ranges", record)
+        patch.setattr(configurator, "configure", keys_then_configure)
+        patch.setattr(configurator, "check_settings", record)
         run_in_this_process(script)
     return seen["settings"], seen["ranges"]
 
 
 def beside_the_ends(rule, settings, key):
-    """Each end of a range (a comparison of x with numbers or settings: "x >= 1",
-    "0 <= x <= learning_rate"), and the values just below and above it, in the
-    setting's type; split, by the comparison itself, into outside and inside."""
-    compare, default = ast.parse(rule, mode="eval").body, settings[key]
-    assert isinstance(compare, ast.Compare), f"{key}: the range {rule!r} is not a plain comparison"
-    ends = [eval(ast.unparse(side), dict(settings)) for side in (compare.left, *compare.comparators)
-            if ast.unparse(side) != "x"]
+    """Each finite end of an interval ("[1, inf)", "[0, learning_rate]": a number, a
+    power, inf or another setting), and the values just below and above it, in the
+    setting's type; split, by the interval's brackets, into outside and inside."""
+    opening, low, high, closing = re.fullmatch(r"([\[(])(.+),(.+)([\])])", rule.replace(" ", "")).groups()
+    lo, hi = (eval(end, {"inf": math.inf, **settings}) for end in (low, high))
+    default = settings[key]
     step = (lambda v, d: v + d) if isinstance(default, int) else (lambda v, d: math.nextafter(v, d * math.inf))
-    near = sorted({type(default)(v) for end in ends for v in (step(end, -1), end, step(end, 1))})
-    inside = [v for v in near if eval(rule, {**settings, "x": v})]
+    near = sorted({type(default)(v) for end in (lo, hi) if math.isfinite(end) for v in (step(end, -1), end, step(end, 1))})
+    inside = [v for v in near if (lo < v if opening == "(" else lo <= v) and (v < hi if closing == ")" else v <= hi)]
     return [v for v in near if v not in inside], inside
 
 
 @pytest.mark.parametrize("script", RANGED)
 def test_configurator_every_numeric_setting_has_a_range_checked_before_any_work(script, monkeypatch):
-    """Walks the script's own RANGES: every numeric setting has an entry (a new one
-    without a range fails here), and each is checked at both ends, in the script:
-    just outside is a one-line error naming it (exit 2, before any work), just
-    inside passes its own check (another's may depend on it: min_lr on learning_rate)."""
+    """Walks the script's own intervals: every numeric setting has one (a new one
+    without fails here), and each is checked at both ends, in the script: just
+    outside is a one-line error naming it (exit 2, before any work), just inside
+    passes its own check (another's may depend on it: min_lr on learning_rate)."""
     settings, ranges = settings_and_ranges(script, monkeypatch)
     numeric = {k for k, v in settings.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     assert set(ranges) == numeric, f"{script}: numeric settings without a range: {numeric - set(ranges)}; " \
                                    f"ranges of no setting: {set(ranges) - numeric}"
-    check = configurator.check_ranges
+    check = configurator.check_settings
     for key, text in ranges.items():
-        def check_then_stop(config, ranges, key=key):
-            check(config, {key: ranges[key]})
+        def check_then_stop(config, allowed, key=key):
+            check(config, {key: allowed[key]})
             raise Checked
 
         outside, inside = beside_the_ends(text, settings, key)
@@ -1003,7 +914,7 @@ def test_configurator_every_numeric_setting_has_a_range_checked_before_any_work(
             assert stderr.startswith(f"error: --{key}={value}: must be "), (key, value, stderr)
         for value in inside:
             with monkeypatch.context() as patch, pytest.raises(Checked):
-                patch.setattr(configurator, "check_ranges", check_then_stop)
+                patch.setattr(configurator, "check_settings", check_then_stop)
                 run_in_this_process(script, f"--{key}={value!r}")
 
 
@@ -1159,6 +1070,53 @@ def test_train_progress_is_a_bar_at_a_terminal_and_plain_lines_in_a_log(progress
     assert b"iter 10: train loss" in logged  # evaluations are reported either way
 
 
+def test_train_on_a_gpu_takes_the_settings_not_given_from_its_config_file(monkeypatch):
+    """config/train_shakespeare_char.py is the one source of the GPU's model and recipe: a
+    setting given keeps its value; lr_decay_iters and min_lr, which the file leaves out,
+    follow max_iters and learning_rate as on a CPU."""
+    def capture(config, allowed):
+        seen.update(config)
+        raise Checked
+
+    seen = {}
+    monkeypatch.setattr(configurator, "choose_device", lambda *args: ("cuda:0", "cuda", "bfloat16", None))
+    monkeypatch.setattr(configurator, "check_settings", capture)
+    with pytest.raises(Checked):
+        run_in_this_process("train.py", "--n_layer=2", "--max_iters=100")
+    gpu = configurator.config_file(os.path.join(ROOT, "config", "train_shakespeare_char.py"), dict(seen))
+    assert {k: seen[k] for k in gpu if k not in ("n_layer", "max_iters")} == {k: v for k, v in gpu.items()
+                                                                             if k not in ("n_layer", "max_iters")}
+    assert (seen["n_layer"], seen["n_embd"], seen["max_iters"], seen["lr_decay_iters"]) == (2, 384, 100, 0)
+    assert seen["min_lr"] == pytest.approx(gpu["learning_rate"] / 10)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--residual=hc"], "--residual=hc contradicts CKPT, whose residual is 'ihc'"),
+    (["--n_embd=64"], "--n_embd=64 contradicts CKPT, whose n_embd is 32"),
+    (["--n_streams=2"], "--n_streams=2 contradicts CKPT, whose n_streams is 4"),
+    (["--dataset=shakespeare"], "--dataset=shakespeare contradicts CKPT, whose dataset is 'shakespeare_char'"),
+])
+def test_train_resume_refuses_a_setting_that_contradicts_its_checkpoint(args, message, trained, tmp_path):
+    """The model and its data are the checkpoint's: a setting given with another value is a
+    one-line error naming both, before anything is written (not a run that trains the
+    checkpoint's model under a banner that names the setting)."""
+    (tmp_path / "ckpt.pt").write_bytes((trained / "ckpt.pt").read_bytes())
+    status, _, stderr = run_in_this_process("train.py", "--init_from=resume", f"--out_dir={tmp_path}", *args)
+    assert_one_line_error(status, stderr, message.replace("CKPT", str(tmp_path / "ckpt.pt")))
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_train_resume_keeps_the_checkpoints_model_and_lets_the_run_change(trained, tmp_path):
+    """Not given, the model's settings and the dataset are the checkpoint's (the banner says
+    so); the run's own settings, the kernels and dropout may change."""
+    (tmp_path / "ckpt.pt").write_bytes((trained / "ckpt.pt").read_bytes())
+    out = train_here("--init_from=resume", f"--out_dir={tmp_path}", "--max_iters=21", "--eval_interval=21",
+                     "--kernels=reference", "--dropout=0.1", "--device=cpu", "--progress=False", "--eval_iters=1")
+    assert "kernels reference; ihc with 4 stream(s), 2 layers x 32, 2 heads, block 32" in out, out
+    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert checkpoint["iter_num"] == 21 and checkpoint["model_args"]["dropout"] == 0.1
+
+
 @pytest.mark.parametrize("args, rates", [((), (4e-3, 4e-4)), (("--learning_rate=1e-4",), (1e-4, 1e-5)),
                                          (("--learning_rate=1e-4", "--min_lr=0"), (1e-4, 0)),
                                          ((os.path.join("config", "train_shakespeare_char_cpu.py"),), (1e-3, 1e-4))])
@@ -1171,7 +1129,7 @@ def test_train_min_lr_follows_the_learning_rate_unless_set(args, rates, monkeypa
         raise Checked
 
     seen = {}
-    monkeypatch.setattr(configurator, "check_ranges", capture)
+    monkeypatch.setattr(configurator, "check_settings", capture)
     with pytest.raises(Checked):
         run_in_this_process("train.py", "--device=cpu", *args)
     assert (seen["learning_rate"], seen["min_lr"]) == pytest.approx(rates), seen
@@ -1360,6 +1318,52 @@ def test_train_sigkill_during_checkpointing_never_leaves_a_broken_checkpoint(tmp
         mid_write += tmp.exists()
         tmp.unlink(missing_ok=True)  # the next run's save must show itself by a new one
     assert mid_write > 0, "no kill landed while a checkpoint was being written: the test checked nothing"
+
+
+@slow
+def test_train_refuses_an_out_dir_a_running_train_py_holds_until_it_is_killed(tmp_path):
+    """While one train.py trains in out_dir, a second one there is a one-line error naming
+    the first's process, and writes nothing; once the first is killed outright (SIGKILL:
+    no chance to clean up) the out_dir is free again."""
+    args = [f"--out_dir={tmp_path}", *TINY, "--progress=lines", "--log_interval=1"]
+    first = start_training("--max_iters=1000000", *args)
+    for line in first.stdout:
+        if line.startswith("iter 1: loss"):
+            break
+    metrics_before = (tmp_path / "metrics.jsonl").read_bytes()
+    second = run("train.py", "--max_iters=1", *args, check=False)
+    assert_one_line_error(second.returncode, second.stderr, f"out_dir '{tmp_path}' is in use by a running "
+                                                            f"train.py (process {first.pid})")
+    assert (tmp_path / "metrics.jsonl").read_bytes().startswith(metrics_before)  # the first's rows, untouched
+    first.kill()
+    first.wait()
+    run("train.py", "--max_iters=1", "--eval_interval=1", *args)
+
+
+@pytest.mark.parametrize("what", ["loss", "gradient norm"])
+def test_train_skips_the_update_of_an_iteration_whose_loss_is_not_finite(what, tmp_path, monkeypatch):
+    """Iteration 2's loss, or only its gradients, made NaN: its update is skipped (GradScaler sees
+    its gradients are not finite), the finite iterations around it step, and the report at 5 stops
+    the run, naming what was not finite. A finite loss with gradients that are not must stop it
+    too: else the run would go on, its updates skipped without a word."""
+    forward, trained, steps = GPT.forward, [], []
+
+    def nan_at_iteration_2(self, idx, targets=None):
+        logits, loss = forward(self, idx, targets)
+        trained.extend([True] if self.training else [])
+        if not (self.training and len(trained) == 3):
+            return logits, loss
+        if what == "loss":
+            return logits, loss * float("nan")
+        return logits, loss + torch.sqrt(self.lm_head.weight.sum() * 0)  # + 0, whose gradient is inf * 0
+
+    step = torch.optim.AdamW.step
+    monkeypatch.setattr(GPT, "forward", nan_at_iteration_2)
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1) or step(self, *a, **k))
+    status, _, stderr = run_in_this_process("train.py", "--max_iters=10", "--log_interval=5", f"--out_dir={tmp_path}",
+                                            *TINY)
+    assert status == 1 and f"error: {what} is nan at iteration 2;" in stderr, stderr
+    assert len(trained) == 5 and len(steps) == 4, (len(trained), len(steps))  # iterations 0 to 4, all but 2
 
 
 def test_train_non_finite_loss_stops_without_overwriting_the_checkpoint(tmp_path):
@@ -1611,7 +1615,8 @@ def test_theory_theorem3_norm_gated_ihc_reproduces_mhc(scalars):
 
 
 #===================================================================================================
-# fused.py: every fast op against residuals.py (kernels.py's too: each test runs both)
+# fused.py and kernels.py: every fast op against residuals.py, each through model.stream_ops on
+# both; then what only the Triton path has (no GPU, no copy of the state, no spills, training)
 #===================================================================================================
 
 # --- stream_read and stream_write
@@ -1889,9 +1894,7 @@ def test_fused_sinkhorn_gradcheck(shape):
     assert torch.autograd.gradcheck(lambda x: stream_ops("fused").sinkhorn(x, iters=5), (logits,))
 
 
-#===================================================================================================
-# kernels.py: the Triton path's own: no GPU, no copy, no spills, training; then the GPU tests
-#===================================================================================================
+# --- the Triton path's own
 
 @needs_triton
 def test_kernels_triton_unavailable_is_an_error(monkeypatch):
@@ -2064,7 +2067,7 @@ def check_compiled_blocks(name, state_dtype, device, backend, steps, tol):
         torch._dynamo.utils.counters.clear()
         torch.manual_seed(0)
         config = GPTConfig(block_size=16, vocab_size=65, n_layer=n_layer, n_head=2, n_embd=32, residual=name,
-                           n_streams=RESIDUALS[name].default_n_streams, kernels="triton", state_dtype=state_dtype)
+                           kernels="triton", state_dtype=state_dtype)
         compiled, eager = GPT(config).to(device), GPT(config).to(device)
         eager.load_state_dict(compiled.state_dict())
         compiled.compile_blocks(backend=backend, fullgraph=True)
@@ -2123,7 +2126,10 @@ def test_kernels_training_with_triton_kernels_matches_fused(name, tmp_path):
             assert abs(a[key] - b[key]) < 1e-4, f"iter {a['iter']} {key}: fused {a[key]} vs triton {b[key]}"
 
 
-# --- on a GPU (bash lab/gpu_check.sh), skipped without CUDA
+#===================================================================================================
+# kernels.py on a GPU (bash lab/gpu_check.sh): the kernels compiled, at a real model's sizes;
+# skipped without CUDA
+#===================================================================================================
 
 GPU_ON_CPU = os.environ.get("GPU_TESTS_ON_CPU") == "1"
 GPU_DEVICE = "cpu" if GPU_ON_CPU else "cuda"
@@ -2625,8 +2631,7 @@ def test_variants_every_variant_changes_its_topology(name):
     alike), a variant's logits or gradients differ from its topology's, the name
     before the dot: a variant whose change were ignored would fail here."""
     topology = name.split(".")[0]
-    args = {key: RESIDUALS[key].default_n_streams for key in (name, topology)}
-    variant, parent = (fingerprint(dict(residual=key, n_streams=n)) for key, n in args.items())
+    variant, parent = (fingerprint(dict(residual=key)) for key in (name, topology))
     differs = [key for key in ("logits", "gradient") if len(variant[key]) != len(parent[key])
                or (torch.tensor(variant[key]) - torch.tensor(parent[key])).abs().max() > 1e-4]
     assert differs, f"{name} computes what {topology} does"

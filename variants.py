@@ -11,13 +11,13 @@ variant starts as its topology does (the residual network, but for gated_ihc's
 0.9 and the anchor's unequal gates; tests.py checks each, and that each
 variant's change acts).
 
-RESIDUALS, at the end, is every name --residual takes: the eight topologies,
-then these.
+VARIANTS, at the end, names them; importing this file registers them in
+residuals.RESIDUALS, the table --residual takes (model.py imports it).
 """
 import torch
 import torch.nn as nn
 
-from residuals import (TOPOLOGIES, GatedIHC, HyperConnection, IdentityHC, NormGatedIHC, Residual,
+from residuals import (RESIDUALS, GatedIHC, HyperConnection, IdentityHC, NormGatedIHC, Residual,
                        float32_or_wider, read_weights_init, rms_projection, stretch)
 
 # -----------------------------------------------------------------------------
@@ -352,4 +352,4 @@ VARIANTS = {
     "norm_gated_ihc.anchor": NormGatedIHCAnchor,
     "norm_gated_ihc.bounded": NormGatedIHCBounded,
 }
-RESIDUALS = {**TOPOLOGIES, **VARIANTS}
+RESIDUALS.update(VARIANTS)

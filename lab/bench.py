@@ -74,7 +74,7 @@ import traceback
 import numpy as np
 import torch
 
-from configurator import check_ranges, configure, fail
+from configurator import check_settings, configure, fail
 from model import GPT, STATE_DTYPES, GPTConfig
 from prepare import DATA_DIR, get_batch, prepare_dataset
 from residuals import TOPOLOGIES, sinkhorn
@@ -98,10 +98,10 @@ dry_run = False  # with --device=cuda: that section's code on the CPU at tiny si
 GPU_DEFAULTS = dict(n_layer=6, n_head=6, n_embd=384, topologies="residual,ihc,norm_gated_ihc,hc,mhc,mhc_lite",
                     warmup=5, rounds=30)
 DRY_RUN_DEFAULTS = dict(GPU_DEFAULTS, n_layer=3, n_head=2, n_embd=32, warmup=1, rounds=3)  # a 3rd Block reuses
-# Every numeric setting's allowed values, x its value (configurator.check_ranges)
-RANGES = dict(warmup="x >= 1", rounds="x >= 1", seed="0 <= x < 2**32",  # as train.py's seed
-              n_layer="x >= 1", n_embd="x >= 1", n_head="x >= 1",
-              n_streams="2 <= x <= 5")  # every stream topology takes it: mhc_lite at most 5
+# Every numeric setting's allowed values (configurator.check_settings)
+RANGES = dict(warmup="[1, inf)", rounds="[1, inf)", seed="[0, 2**32)",  # as train.py's seed
+              n_layer="[1, inf)", n_embd="[1, inf)", n_head="[1, inf)",
+              n_streams="[2, 5]")  # every stream topology takes it: mhc_lite at most 5
 WAYS = {  # cuda: a way's (GPTConfig.kernels, each Block under torch.compile)
     "triton_compiled": ("triton", True),  # the CUDA default
     "reference_compiled": ("reference", True),
@@ -113,7 +113,7 @@ user_set = configure(globals())
 if device == "cuda":  # the settings not given follow the section, as train.py's do on a GPU
     globals().update({key: value for key, value in (DRY_RUN_DEFAULTS if dry_run else GPU_DEFAULTS).items()
                       if key not in user_set})
-check_ranges(globals(), RANGES)
+check_settings(globals(), RANGES)
 if dry_run and device != "cuda":
     fail(f"--dry_run=True runs the GPU section's code on the CPU: it takes --device=cuda, got '{device}'")
 if device == "cuda" and "compile" in user_set:

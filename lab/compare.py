@@ -69,11 +69,12 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from configurator import check_ranges, configure, fail
+from configurator import check_settings, configure, fail
 from lab.presets import PRESETS
 from lab.plot import draw, read_metrics
-from lab.stats import holm, mean_std, paired, paired_cell, ratio_of_means
-from variants import RESIDUALS
+from lab.machine import cpu_name
+from lab.stats import grid_table, holm, mean_std, paired, paired_cell, ratio_of_means
+from model import RESIDUALS
 
 
 class Run(NamedTuple):
@@ -113,10 +114,10 @@ results_dir = ""  # "" means lab/results/<preset>
 train = True  # False: only redraw the table and plots from <results_dir>/metrics
 progress = "auto"  # auto: a bar if stderr is a terminal, else a line per finished run (as train.py); bar; lines
 commit = False  # True: git-commit results_dir after each finished run (a study longer than a session)
-# Every numeric setting's allowed values, x its value (configurator.check_ranges); 0 means what its comment says
-RANGES = dict(tuning_seed="0 <= x < 2**32", extend="x >= 0", jobs="x >= 0")  # seeds as train.py's
+# Every numeric setting's allowed values (configurator.check_settings); 0 means what its comment says
+RANGES = dict(tuning_seed="[0, 2**32)", extend="[0, inf)", jobs="[0, inf)")  # seeds as train.py's
 configure(globals())
-check_ranges(globals(), RANGES)
+check_settings(globals(), RANGES)
 
 if preset not in PRESETS:
     fail(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")
@@ -565,23 +566,6 @@ def tuning_runs(losses, mults):
     return list(dict.fromkeys(runs))
 
 
-def grid_table(losses, axis="lr", what="rate"):
-    """Each variant's final val loss on the tuning seed at each value of a grid (the
-    rate, or the scales' multiplier) it trained at, the chosen one in bold, and whether
-    that choice is an end of the grid it grew to."""
-    values = sorted({value for by_value in losses.values() for value in by_value})
-    lines = ["| variant | " + " | ".join(f"{axis} {value:g}" for value in values) + " | chosen |",
-             "|" + "---|" * (len(values) + 2)]
-    for label, by_value in losses.items():
-        best = min(by_value, key=by_value.get)
-        cells = ["" if value not in by_value else "diverged" if by_value[value] == math.inf else
-                 f"**{by_value[value]:.4f}**" if value == best else f"{by_value[value]:.4f}" for value in values]
-        end = (f" (lowest {what} tried: the best may be lower)" if best == min(by_value) else
-               f" (highest {what} tried: the best may be higher)" if best == max(by_value) else "")
-        lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {best:g}{end} |")
-    return "\n".join(lines)
-
-
 def code_state():
     """The commit the code was at and whether tracked files had uncommitted changes
     (the runs directories are not tracked); None for both outside a git checkout."""
@@ -595,20 +579,6 @@ def code_state():
 
 
 CODE = code_state() if train else {}
-
-
-def cpu_name():
-    """The processor (Linux's /proc/cpuinfo: its model name, family and model numbers, and
-    whether it has AVX-512), else platform's answer: runs differ in the last bits between
-    CPUs (AVX-512 or not), so each call and each run records its own."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
-        info = {key.strip(): value.strip() for key, value in info.items()}
-        avx512 = ", AVX-512" if "avx512f" in info.get("flags", "").split() else ""
-        return f"{info['model name']} (family {info['cpu family']}, model {info['model']}{avx512})"
-    except (OSError, KeyError):
-        return platform.processor() or platform.machine()
 
 
 CPU = cpu_name() if train else None

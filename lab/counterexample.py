@@ -59,7 +59,6 @@ Writes <out_dir>/results.md (the tables, the command, the machine) and
 """
 import math
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -70,10 +69,11 @@ import torch
 import torch.nn as nn
 
 import theory
-from configurator import check_ranges, configure, fail
+from configurator import check_settings, configure, fail
 from model import GPTConfig, stream_ops
-from residuals import TOPOLOGIES, GatedIHC
-from lab.stats import paired
+from residuals import TOPOLOGIES
+from lab.machine import cpu_name
+from lab.stats import grid_table, paired, paired_cell
 
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
@@ -115,7 +115,7 @@ class CounterexampleNet(nn.Module):
         self.blocks = nn.ParameterList([nn.Parameter(0.5 * torch.randn(*s, generator=gen, dtype=DT))
                                         for _ in range(2) for s in shapes])
         ops = stream_ops(config.kernels)  # fused.py: residuals.py's maths, fast on a CPU
-        self.topologies = nn.ModuleList(TOPOLOGIES[residual](config, i, ops) for i in range(2)).to(DT)
+        self.topologies = nn.ModuleList(config.topology(config, i, ops) for i in range(2)).to(DT)
 
     def block(self, l):
         return theory.swiglu(*self.blocks[3 * l:3 * l + 3])
@@ -137,7 +137,7 @@ class CounterexampleNet(nn.Module):
     def gates0(self, x):
         """Layer 0's gates g (B, 2) for the gated topologies, else None."""
         topology = self.topologies[0]
-        if not isinstance(topology, GatedIHC):
+        if not topology.gates:
             return None
         return topology.gate(topology.coefficients(self.state0(x))[2])[:, 0]
 
@@ -209,7 +209,7 @@ def construction(residual, K=30.0):
             set_block(net, 0, 1.0, 1.0)
             set_block(net, 1, 1.0, 1.0)  # E = I and c = (1, 1) from the init
             return net
-        if not isinstance(t0, GatedIHC):
+        if not t0.gates:
             raise ValueError(f"no construction wired for '{residual}' (see the module docstring)")
         # Stream 1 carries Q = x1 - x2 (and reset at layer 0), stream 2 carries S = x1 + x2.
         t0.bias.copy_(torch.tensor([0.0, -K, 0.0, 0.0]))  # pre_0 = (1/2, sigmoid(-K)), post_0 = (1, 1)
@@ -264,7 +264,7 @@ def reference_loss(x, y):
 
 def construction_loss(residual, x, y, K):
     """The construction's MSE in this class, or theory's where none is wired."""
-    if residual == "hc" or issubclass(TOPOLOGIES[residual], GatedIHC):
+    if residual == "hc" or TOPOLOGIES[residual].gates:
         with torch.no_grad():
             return mse(construction(residual, K), x, y).item()
     return reference_loss(x, y)
@@ -321,27 +321,6 @@ def fmt(v):
     return "diverged" if v == math.inf else "n/a" if math.isnan(v) else f"{v:.3g}"
 
 
-def paired_cell(differences):
-    """stats.paired's cell with 3 significant digits: the MSEs span orders of magnitude."""
-    d = paired(differences)
-    if math.isnan(d.low):
-        return f"{d.mean:+.3g} (one seed: no interval), {d.signs}"
-    p = "p n/a" if math.isnan(d.p) else f"p {d.p:.3f}" if d.p >= 0.001 else "p < 0.001"
-    return f"{d.mean:+.3g} [{d.low:+.3g}, {d.high:+.3g}], {p}, {d.signs}"
-
-
-def grid_table(tuned):
-    all_rates = sorted({r for losses in tuned.values() for r in losses})
-    lines = ["| topology | " + " | ".join(f"lr {r:g}" for r in all_rates) + " | chosen |",
-             "|" + "---|" * (len(all_rates) + 2)]
-    for name, losses in tuned.items():
-        best = min(losses, key=losses.get)
-        cells = ["" if r not in losses else f"**{fmt(losses[r])}**" if r == best else fmt(losses[r]) for r in all_rates]
-        end = " (an end of the grid)" if best in (min(losses), max(losses)) else ""
-        lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {best:g}{end} |")
-    return "\n".join(lines)
-
-
 def main_table(names, chosen, runs, floors):
     lines = ["| topology | lr | test MSE, mean (sd) | log10 test MSE, mean | construction's MSE | "
              "minus the construction's, mean [95% CI], p, signs | minus ihc's | sigma_min/sigma_max | "
@@ -350,9 +329,9 @@ def main_table(names, chosen, runs, floors):
     for name in names:
         tests = [r["test"] for r in runs[name]]
         sd = statistics.stdev(tests) if len(tests) > 1 else math.nan
-        vs_floor = paired_cell([t - f for t, f in zip(tests, floors[name])])
+        vs_floor = paired_cell(paired([t - f for t, f in zip(tests, floors[name])]), "+.3g")
         vs_ihc = ("" if name == "ihc" or "ihc" not in runs else
-                  paired_cell([t - b["test"] for t, b in zip(tests, runs["ihc"])]))
+                  paired_cell(paired([t - b["test"] for t, b in zip(tests, runs["ihc"])]), "+.3g"))
         log10 = statistics.mean(math.log10(t) for t in tests)
         med = {k: statistics.median(r[k] for r in runs[name]) for k in ("ratio", "cos", "reset", "reset_all")}
         lines.append(f"| `{name}` | {chosen[name]:g} | {fmt(statistics.mean(tests))} ({fmt(sd)}) | {log10:.2f} | "
@@ -418,13 +397,8 @@ def draw(names, runs, path):
 
 
 def machine():
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor() or platform.machine()
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    return (f"{cpu}, {os.cpu_count()} cores (load average at the end {load}: other jobs shared them), "
+    return (f"{cpu_name()}, {os.cpu_count()} cores (load average at the end {load}: other jobs shared them), "
             f"torch {torch.__version__}, {torch.get_num_threads()} thread")
 
 
@@ -491,7 +465,7 @@ medians over the test points, then over seeds (the docstring's reset measures).
 
 ## The learning-rate grid (test MSE on seed {tuning_seed})
 
-{grid_table(tuned)}
+{grid_table(tuned, spec=".3g", row="topology")}
 
 ## The construction wired into the classes (MSE on seed 1's test points)
 
@@ -510,5 +484,5 @@ phi(x1 - x2) at scale t and read it back at 1/t (MSE ~ 1/t^2): its floor is 0 to
 
 if __name__ == "__main__":
     configure(globals())
-    check_ranges(globals(), RANGES)
+    check_settings(globals(), RANGES)
     main()

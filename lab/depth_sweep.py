@@ -24,7 +24,7 @@ import sys
 
 import matplotlib
 
-from configurator import check_ranges, configure, fail
+from configurator import check_settings, configure, fail
 from lab.stats import mean_std, paired, paired_cell
 
 matplotlib.use("Agg")  # files only: no display needed
@@ -37,9 +37,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 train = True  # False: only redraw from results/<preset>/ of each depth
 jobs = 0  # passed to compare.py: runs at a time (0: one per core)
 results_dir = os.path.join(HERE, "results")  # where the presets' folders are; the sweep writes <results_dir>/depth_sweep
-RANGES = dict(jobs="x >= 0")  # every numeric setting's allowed values, x its value (configurator.check_ranges)
+RANGES = dict(jobs="[0, inf)")  # every numeric setting's allowed values (configurator.check_settings)
 configure(globals())
-check_ranges(globals(), RANGES)
+check_settings(globals(), RANGES)
 
 
 def train_depths():

@@ -48,13 +48,13 @@ def flop_matched_iters(max_iters, **shape):
 
 
 if __name__ == "__main__":
-    from configurator import check_ranges, configure
+    from configurator import check_settings, configure
 
     n_layer, n_embd, block_size, vocab_size, n_streams = 48, 64, 64, 65, 4  # train.py's CPU block, the characters
     max_iters = 1000
     configure(globals())
-    check_ranges(globals(), {k: "x >= 1" for k in ("n_layer", "n_embd", "block_size", "vocab_size", "n_streams",
-                                                      "max_iters")})
+    check_settings(globals(), {k: "[1, inf)" for k in ("n_layer", "n_embd", "block_size", "vocab_size", "n_streams",
+                                                          "max_iters")})
     shape = dict(n_layer=n_layer, n_embd=n_embd, block_size=block_size, vocab_size=vocab_size)
     base = 3 * residual_forward_flops(**shape)
     extra = 3 * hc_extra_forward_flops(n_layer, n_embd, n_streams)

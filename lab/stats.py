@@ -2,8 +2,9 @@
 The statistics of a comparison of a few seeds: the mean and spread of a metric
 over seeds, and the paired difference between two variants trained at the same
 seeds (its mean, its 95% interval by Student's t, the paired t-test's p and each
-seed's sign), by scipy.stats. compare.py and depth_sweep.py write their tables
-with these. (The lab may use scipy; the tutorial at the top level does not.)
+seed's sign), by scipy.stats; and the cells and tables that report them, which
+compare.py, depth_sweep.py and counterexample.py write. (The lab may use scipy;
+the tutorial at the top level does not.)
 """
 import math
 import statistics
@@ -39,12 +40,31 @@ def paired(differences, level=0.95):
     return Paired(mean, mean - half, mean + half, float(stats.ttest_1samp(differences, 0.0).pvalue), signs)
 
 
-def paired_cell(d):
-    """-0.0343 [-0.0495, -0.0191], p 0.010, ---"""
+def paired_cell(d, spec="+.4f"):
+    """-0.0343 [-0.0495, -0.0191], p 0.010, ---; spec: the numbers' format (counterexample.py's
+    MSEs span orders of magnitude: +.3g)."""
     if math.isnan(d.low):
-        return f"{d.mean:+.4f} (one seed: no interval), {d.signs}"
+        return f"{d.mean:{spec}} (one seed: no interval), {d.signs}"
     p = "p n/a" if math.isnan(d.p) else f"p {d.p:.3f}" if d.p >= 0.001 else "p < 0.001"
-    return f"{d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}], {p}, {d.signs}"
+    return f"{d.mean:{spec}} [{d.low:{spec}}, {d.high:{spec}}], {p}, {d.signs}"
+
+
+def grid_table(losses, axis="lr", what="rate", spec=".4f", row="variant"):
+    """losses: {label: {value: final loss}}, each label's loss at each value of a grid (the
+    rate, or the scales' multiplier) it trained at. A table of them, the chosen (lowest) in
+    bold, and whether that choice is an end of the grid it grew to; inf is a diverged run."""
+    values = sorted({value for by_value in losses.values() for value in by_value})
+    lines = [f"| {row} | " + " | ".join(f"{axis} {value:g}" for value in values) + " | chosen |",
+             "|" + "---|" * (len(values) + 2)]
+    for label, by_value in losses.items():
+        best = min(by_value, key=by_value.get)
+        cells = ["" if value not in by_value else "diverged" if by_value[value] == math.inf else
+                 "n/a" if math.isnan(by_value[value]) else f"**{by_value[value]:{spec}}**" if value == best else
+                 f"{by_value[value]:{spec}}" for value in values]
+        end = (f" (lowest {what} tried: the best may be lower)" if best == min(by_value) else
+               f" (highest {what} tried: the best may be higher)" if best == max(by_value) else "")
+        lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {best:g}{end} |")
+    return "\n".join(lines)
 
 
 def holm(p_values):

@@ -22,10 +22,9 @@ import torch
 
 from conftest import ROOT, TINY, assert_one_line_error, command_of, metrics, run, run_in_this_process, slow, train_here
 from lab import counterexample, flops, presets, stats
-from model import GPT, GPTConfig, stream_ops
+from model import GPT, RESIDUALS, GPTConfig, stream_ops
 from residuals import TOPOLOGIES
 from theory import DT
-from variants import RESIDUALS
 
 LAB = os.path.join(ROOT, "lab")
 

@@ -548,8 +548,8 @@ def stream_write(h, mix, post, y):
 # plain matmuls and sums over its dz: deterministic, no atomics.
 
 # Tiles of 16 tokens x 16 channels, tl.dot's least: the backward holds u, s, dz and dv as
-# (16, KP) tiles beside a (16, KP) tile of W, and larger channel tiles spilled registers
-# on sm_80 (lab/kernels.md). Past 128 coefficients (mhc_lite at n = 5: 130) even these
+# (16, KP) tiles beside a (16, KP) tile of W, and 32 x 32 tiles spill registers at mhc's
+# n = 8 on sm_90 and sm_80 (lab/kernels.md). Past 128 coefficients (mhc_lite at n = 5: 130) even these
 # spill: there the coefficient maths is PyTorch's and the read the stream_read kernel.
 DYNAMIC_BLOCK = 16
 DYNAMIC_MAX_K = 128

@@ -1,8 +1,8 @@
 """
-Triton kernels for the three stream ops of residuals.py: Sinkhorn-Knopp, the
-stream read and the fused stream write, with the same signatures as the
-reference there (plus dynamic_read: fused.py's coefficient maths, then the
-read kernel). The model switches with GPTConfig(kernels="triton").
+Triton kernels for the ops of residuals.py: Sinkhorn-Knopp, the stream read,
+the fused stream write, and the coefficients with the read (dynamic_read), with
+the same signatures as the reference there. The model switches with
+GPTConfig(kernels="triton"), the default on CUDA, in compiled Blocks.
 
 What you will learn here (in the spirit of Triton's tutorials 02-fused-softmax
 and 05-layer-norm):
@@ -20,6 +20,13 @@ and 05-layer-norm):
     numbers per step the backward needs in registers, then walk back.
   * Per-token reductions over C (the gradients of pre, post, mix) summed in
     float32 inside the kernel that streams the state, in the same single pass.
+  * A small matmul inside a streaming kernel: the coefficients' projection of
+    each token's state on tensor cores (tl.dot) as the state streams by, and a
+    backward that writes the state's gradient once, every term in registers.
+
+Each op comes as its formula and backward derivation, its kernels, its launcher
+and the function the model calls; the plumbing (where the kernels run, the ops'
+registration with PyTorch, which torch.compile needs) is at the bottom.
 
 Every kernel loads in the tensor's dtype and casts to float32 at once (Triton's
 CPU interpreter also gets bf16 arithmetic wrong); it stores in the output's
@@ -39,62 +46,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-# No kernels for the coefficient maths (small matmuls: cuBLAS). The switch hands the
-# topologies fused.py's rms_projection from here, and dynamic_read below uses it: it
-# reads h once for the norm and once in the matmul, where residuals.py's writes a
-# squared and a normalized copy of h (as wide as the state) and keeps the latter for
-# the backward; with it, the triton path's step time differs from fused's only by
-# what the kernels do.
-from fused import rms_projection
 from residuals import float32_or_wider
-
-
-def check_triton_available(device="cuda"):
-    """Raise RuntimeError, saying why, if the Triton kernels cannot run on `device`."""
-    if INTERPRETED:
-        return
-    if not torch.cuda.is_available():
-        raise RuntimeError("the Triton kernels need a CUDA GPU and torch sees none; use kernels='fused', or set "
-                           "TRITON_INTERPRET=1 before importing triton to run them (slowly) on the CPU")
-    if torch.device(device).type != "cuda":
-        raise RuntimeError(f"the Triton kernels run on CUDA tensors, got a tensor on '{device}'")
-
-
-def _on_device_of(t):
-    """Launch under t's device: Triton launches on the current CUDA device, which need
-    not be the tensor's (--device=cuda:1)."""
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
-
-
-# Custom ops, not autograd.Functions: torch.compile treats a custom op as one opaque
-# node (shapes from its fake implementation) instead of tracing into the launcher,
-# which dynamo cannot do for kernels the interpreter runs and does only partly for
-# compiled ones (None pointers, constexpr arguments). The backward is its own op, so
-# a compiled backward graph holds it too.
-def _custom_op(name, fwd, bwd, fake, bwd_fake, grads=None):
-    """Register the launchers fwd and bwd as the custom ops streams::<name> and
-    streams::<name>_backward, each with its fake (its outputs' shapes and dtypes, all
-    torch.compile sees of it), and autograd from one to the other; return the first.
-    bwd takes fwd's tensor inputs, the gradient of fwd's output, then fwd's ints; it
-    returns the gradients of the tensor inputs, or grads(inputs, grad, bwd's results) does."""
-    op = torch.library.custom_op(f"streams::{name}", fwd, mutates_args=())
-    op.register_fake(fake)
-    bwd_op = torch.library.custom_op(f"streams::{name}_backward", bwd, mutates_args=())
-    bwd_op.register_fake(bwd_fake)
-
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*(x for x in inputs if x is None or isinstance(x, torch.Tensor)))
-        ctx.ints = [x for x in inputs if not (x is None or isinstance(x, torch.Tensor))]
-
-    def backward(ctx, grad):
-        inputs = ctx.saved_tensors
-        results = bwd_op(*inputs, grad, *ctx.ints)
-        if grads is not None:
-            return grads(inputs, grad, results)
-        return ((results,) if isinstance(results, torch.Tensor) else tuple(results)) + (None,) * len(ctx.ints)
-
-    op.register_autograd(backward, setup_context=setup_context)
-    return op
 
 
 # -----------------------------------------------------------------------------
@@ -133,13 +85,6 @@ def _sinkhorn_load(ptr, N, n: tl.constexpr, NP: tl.constexpr, BLOCK_M: tl.conste
     mask = (m < N) & (rows < n) & (cols < n)
     L = tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     return tl.where(mask, L, tl.where(rows == cols, 0.0, -float("inf"))), offsets, mask
-
-
-# Whether the kernels run (slowly) on the CPU in Triton's interpreter: @triton.jit
-# decided it above, from TRITON_INTERPRET=1 set before triton is imported. Asked of
-# the decorator's result, because each Triton version reads the variable its own way
-# (triton.knobs, which the older ones lack, from 3.4 on).
-INTERPRETED = isinstance(_sinkhorn_load, InterpretedFunction)
 
 
 @triton.jit
@@ -239,11 +184,6 @@ def _sinkhorn_fwd(logits: torch.Tensor, iters: int) -> torch.Tensor:
 
 def _sinkhorn_bwd(logits: torch.Tensor, grad_out: torch.Tensor, iters: int) -> torch.Tensor:
     return _sinkhorn_launch(logits, iters, grad_out)
-
-
-_sinkhorn_op = _custom_op("sinkhorn", _sinkhorn_fwd, _sinkhorn_bwd,
-                          fake=lambda logits, iters: logits.new_empty(logits.shape, dtype=torch.float32),
-                          bwd_fake=lambda logits, grad_out, iters: logits.new_empty(logits.shape))
 
 
 def sinkhorn(logits, iters=20):
@@ -421,11 +361,6 @@ def _read_dtype(h, pre):
     return torch.promote_types(h.dtype, pre.dtype)
 
 
-_stream_read_op = _custom_op("stream_read", _stream_read_fwd, _stream_read_bwd,
-                             fake=lambda h, pre: h.new_empty(h.shape[:-2] + h.shape[-1:], dtype=_read_dtype(h, pre)),
-                             bwd_fake=lambda h, pre, dx: (h.new_empty(h.shape), pre.new_empty(pre.shape)))
-
-
 def stream_read(h, pre):
     """x[..., c] = sum_i pre[..., i] * h[..., i, c]. h (B,T,n,C), pre (B,T,n) -> (B,T,C), in the wider of
     h's and pre's dtypes (a bf16 state is read into float32)"""
@@ -433,20 +368,11 @@ def stream_read(h, pre):
     return _stream_read_op(h, pre)
 
 
-def dynamic_read(h, W, alpha, groups, bias, eps=1e-6):
-    """residuals.dynamic_read (residuals.dynamic_coefficients' maths) with fused.py's
-    rms_projection and the read as the kernel above: x (B,T,C), post (B,T,n), res (B,T,K)."""
-    B, T, n, C = h.shape
-    with torch.autocast(h.device.type, enabled=False):
-        u = rms_projection(float32_or_wider(h).reshape(B, T, n * C), W, eps)  # (B,T,2n+K)
-        z = torch.addcmul(bias, u, alpha @ groups)  # (B,T,2n+K)
-    pre, post, res = z.split([n, n, z.shape[-1] - 2 * n], -1)
-    return stream_read(h, pre.sigmoid()), 2 * post.sigmoid(), res
-
-
 # Stream write. out_i = sum_j mix_ij h_j + post_i y (full mix; diagonal: mix_i h_i;
-# identity: h_i), each a row of C; the reference is residuals.stream_write and
-# the backward's maths is derived once, in fused.py's _StreamWrite.
+# identity: h_i), each a row of C; the reference is residuals.stream_write. Backward,
+# with g = d loss / d out: out is linear in each input, so each gradient is g carried
+# back through the term it enters: dh_j = sum_i mix_ij g_i (diagonal: mix_j g_j;
+# identity: g), dmix_ij = sum_c g_ic h_jc, dpost_i = sum_c g_ic y_c, dy = sum_i post_i g_i.
 # Bytes per token (s bytes per state element, coefficients float32, full mix):
 # the forward reads (n+1)*C*s + 4(n*n + n) and writes n*C*s; the backward reads
 # (2n+1)*C*s + 4(n*n + n) and writes (n+1)*C*s + 4(n*n + n). With the identity
@@ -593,6 +519,278 @@ def _stream_write_bwd(h: torch.Tensor, mix: torch.Tensor | None, post: torch.Ten
     return [dpost, dy] if identity else [dh, dmix, dpost, dy]
 
 
+def stream_write(h, mix, post, y):
+    """MIX(h) + post (outer) y, shape (B,T,n,C), h's dtype; (MIX h)_i = sum_j mix[i, j] h_j.
+    h (B,T,n,C); mix (B,T,n,n) full, (B,T,n) diagonal gate, or None (identity);
+    post (B,T,n); y (B,T,C). One pass over h and y, one write of the result."""
+    check_triton_available(h.device)
+    return _stream_write_op(h, mix, post, y)
+
+
+# -----------------------------------------------------------------------------
+# The coefficients and the read, in one op (residuals.dynamic_read: mhc and the iHC family).
+#
+# With D = n*C, for one token: r = rsqrt(mean(h^2) + eps) over all D, u = (h @ W) r
+# (RMSNorm(h) @ W without the normalized copy), z = scale u + bias (scale = alpha @
+# groups), pre = sigmoid(z[:n]), post = 2 sigmoid(z[n:2n]), res = z[2n:], x = sum_i pre_i h_i.
+# Forward: one program per BLOCK_T tokens streams h once in (BLOCK_T, BLOCK_C) tiles,
+# summing h^2 and the projection on tensor cores (tl.dot, 3xTF32: float32's accuracy),
+# then reads h again for x (from L2: the program's tokens were just loaded).
+#
+# Backward, given dx, dpost and dres. With v = h @ W (u = v r) and s = sigmoid(z):
+#     dpre_i = sum_c h_ic dx_c (the read),  dz = [dpre s(1 - s), 2 dpost s(1 - s), dres]
+#     du = scale dz,  dv = du r,  dW = h^T dv,  dscale = sum_t dz u,  dbias = sum_t dz
+#     r = (mean(h^2) + eps)^(-1/2) gives dr/dh = -r^3 h / D, so through r, sum_k du_k v_k
+#     dr/dh = h dr with dr = -r^3 / D sum_k du_k v_k = -r^2 / D sum_k du_k u_k; then
+#     dh = h dr + dv W^T + pre (outer) dx
+# One kernel makes dz and writes dh once, every term of it in registers (one buffer, as
+# the peers' fused mHC backwards); the reductions over tokens (dW, dscale, dbias) are
+# plain matmuls and sums over its dz: deterministic, no atomics.
+
+# Tiles of 16 tokens x 16 channels, tl.dot's least: the backward holds u, s, dz and dv as
+# (16, KP) tiles beside a (16, KP) tile of W, and 32 x 32 tiles spill registers at mhc's
+# n = 8 on sm_90 and sm_80 (lab/kernels.md). Past 128 coefficients (mhc_lite at n = 5: 130) even these
+# spill: there the coefficient maths is PyTorch's and the read the stream_read kernel.
+DYNAMIC_BLOCK = 16
+DYNAMIC_MAX_K = 128
+
+
+def _dynamic_meta(n, K):
+    """Constexprs for n streams and K = 2n + (MIX logits) coefficients (K padded to KP, a
+    power of two of at least 16), and the warps: 8 for KP = 128, where 4 would spill."""
+    KP = max(16, triton.next_power_of_2(K))
+    return dict(n=n, K=K, KP=KP, BLOCK_T=DYNAMIC_BLOCK, BLOCK_C=DYNAMIC_BLOCK), 4 if KP <= 64 else 8
+
+
+@triton.jit
+def _coefficient_column(tile, k, i):
+    """Column i of a (BLOCK_T, KP) tile as a (BLOCK_T,) vector (a register select, no memory)."""
+    return tl.sum(tl.where(k[None, :] == i, tile, 0.0), axis=1)
+
+
+@triton.jit
+def _dynamic_read_fwd_kernel(
+    h_ptr,  # (N, n, C) state
+    W_ptr,  # (n*C, K) the coefficient projection
+    scale_ptr, bias_ptr,  # (K,) each
+    x_ptr,  # (N, C) the read, float32 (or wider)
+    post_ptr,  # (N, n) float32
+    res_ptr,  # (N, K - 2n) float32, the MIX logits (unused when K = 2n)
+    u_ptr,  # (N, K) float32: u, kept for the backward
+    r_ptr,  # (N,) float32: r, kept for the backward
+    N, C, eps,
+    n: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,  # streams, coefficients, K padded
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    k = tl.arange(0, KP)
+    acc = tl.zeros((BLOCK_T, KP), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    for i in tl.static_range(n):
+        for c0 in range(0, C, BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            state, _, mask = _tokens(t, c, N, C, n)
+            h = tl.load(h_ptr + state + i * C, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_T, BLOCK_C)
+            squares += tl.sum(h * h, axis=1)
+            w = tl.load(W_ptr + (i * C + c)[:, None] * K + k[None, :], mask=(c[:, None] < C) & (k[None, :] < K),
+                        other=0.0).to(tl.float32)  # (BLOCK_C, KP)
+            acc += tl.dot(h, w, input_precision="tf32x3")
+    r = 1.0 / tl.sqrt(squares / (n * C) + eps)
+    u = acc * r[:, None]  # (BLOCK_T, KP)
+    z = u * tl.load(scale_ptr + k, mask=k < K, other=0.0)[None, :] + tl.load(bias_ptr + k, mask=k < K, other=0.0)[None, :]
+    s = tl.sigmoid(z)
+    rows = t.to(tl.int64)[:, None]
+    valid = (t[:, None] < N) & (k[None, :] < K)
+    tl.store(u_ptr + rows * K + k[None, :], u, mask=valid)
+    tl.store(r_ptr + t, r, mask=t < N)
+    post_cols = (k[None, :] >= n) & (k[None, :] < 2 * n)
+    tl.store(post_ptr + rows * n + (k[None, :] - n), 2.0 * s, mask=valid & post_cols)
+    if K > 2 * n:
+        tl.store(res_ptr + rows * (K - 2 * n) + (k[None, :] - 2 * n), z, mask=valid & (k[None, :] >= 2 * n))
+    for c0 in range(0, C, BLOCK_C):  # the read, pre = s[:n]
+        state, row, mask = _tokens(t, c0 + tl.arange(0, BLOCK_C), N, C, n)
+        x = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+        for i in tl.static_range(n):
+            pre = _coefficient_column(s, k, i)
+            x += pre[:, None] * tl.load(h_ptr + state + i * C, mask=mask, other=0.0).to(tl.float32)
+        tl.store(x_ptr + row, x.to(x_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dynamic_read_bwd_kernel(
+    h_ptr,  # (N, n, C) state
+    W_ptr,  # (n*C, K)
+    scale_ptr, bias_ptr,  # (K,) each
+    u_ptr, r_ptr,  # the forward's (N, K) and (N,)
+    dx_ptr,  # (N, C) d loss / d x
+    dpost_ptr,  # (N, n)
+    dres_ptr,  # (N, K - 2n) (unused when K = 2n)
+    dh_ptr,  # (N, n, C) d loss / d h, h's dtype
+    dz_ptr,  # (N, K) float32: d loss / d z, for the reductions over tokens
+    N, C,
+    n: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    k = tl.arange(0, KP)
+    rows = t.to(tl.int64)[:, None]
+    valid = (t[:, None] < N) & (k[None, :] < K)
+    u = tl.load(u_ptr + rows * K + k[None, :], mask=valid, other=0.0)
+    r = tl.load(r_ptr + t, mask=t < N, other=0.0)
+    scale = tl.load(scale_ptr + k, mask=k < K, other=0.0)[None, :]
+    s = tl.sigmoid(u * scale + tl.load(bias_ptr + k, mask=k < K, other=0.0)[None, :])
+    ds = tl.zeros((BLOCK_T, KP), dtype=tl.float32)  # d loss / d s, then d z
+    for c0 in range(0, C, BLOCK_C):  # dpre_i = sum_c h_ic dx_c, into column i
+        state, row, mask = _tokens(t, c0 + tl.arange(0, BLOCK_C), N, C, n)
+        dx = tl.load(dx_ptr + row, mask=mask, other=0.0).to(tl.float32)
+        for i in tl.static_range(n):
+            h = tl.load(h_ptr + state + i * C, mask=mask, other=0.0).to(tl.float32)
+            ds += tl.where(k[None, :] == i, tl.sum(h * dx, axis=1)[:, None], 0.0)
+    post_cols = (k[None, :] >= n) & (k[None, :] < 2 * n)
+    ds += 2.0 * tl.load(dpost_ptr + rows * n + (k[None, :] - n), mask=valid & post_cols, other=0.0)
+    dz = ds * s * (1.0 - s)  # through the sigmoids of pre and post
+    if K > 2 * n:
+        res_cols = k[None, :] >= 2 * n
+        dz = tl.where(res_cols, tl.load(dres_ptr + rows * (K - 2 * n) + (k[None, :] - 2 * n), mask=valid & res_cols,
+                                        other=0.0), dz)
+    tl.store(dz_ptr + rows * K + k[None, :], dz, mask=valid)
+    du = dz * scale
+    dv = du * r[:, None]  # (BLOCK_T, KP)
+    dr = -(r * r) / (n * C) * tl.sum(du * u, axis=1)  # (BLOCK_T,)
+    for i in tl.static_range(n):  # dh = h dr + dv W^T + pre (outer) dx, written once
+        pre = _coefficient_column(s, k, i)
+        for c0 in range(0, C, BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            state, row, mask = _tokens(t, c, N, C, n)
+            h = tl.load(h_ptr + state + i * C, mask=mask, other=0.0).to(tl.float32)
+            dx = tl.load(dx_ptr + row, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(W_ptr + (i * C + c)[:, None] * K + k[None, :], mask=(c[:, None] < C) & (k[None, :] < K),
+                        other=0.0).to(tl.float32)  # (BLOCK_C, KP)
+            dh = h * dr[:, None] + tl.dot(dv, tl.trans(w), input_precision="tf32x3") + pre[:, None] * dx
+            tl.store(dh_ptr + state + i * C, dh.to(dh_ptr.dtype.element_ty), mask=mask)
+
+
+def _dynamic_read_fwd(h: torch.Tensor, W: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    h = h.contiguous()
+    *batch, n, C = h.shape
+    N, K = h.numel() // (n * C), W.shape[1]
+    meta, warps = _dynamic_meta(n, K)
+    f32 = dict(dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
+    x, post, res = (torch.empty(*batch, size, **f32) for size in (C, n, K - 2 * n))
+    u, r = torch.empty(*batch, K, **f32), torch.empty(*batch, **f32)
+    with _on_device_of(h):
+        _dynamic_read_fwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](
+            h, W.contiguous(), scale.contiguous(), bias.contiguous(), x, post, res, u, r, N, C, eps, **meta,
+            num_warps=warps)
+    return x, post, res, u, r
+
+
+def _dynamic_read_bwd(h: torch.Tensor, W: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, u: torch.Tensor,
+                      r: torch.Tensor, dx: torch.Tensor, dpost: torch.Tensor, dres: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    h = h.contiguous()
+    *batch, n, C = h.shape
+    N, K = h.numel() // (n * C), W.shape[1]
+    meta, warps = _dynamic_meta(n, K)
+    dh, dz = torch.empty_like(h), torch.empty(*batch, K, dtype=u.dtype, device=h.device)
+    with _on_device_of(h):
+        _dynamic_read_bwd_kernel[(triton.cdiv(N, meta["BLOCK_T"]),)](
+            h, W.contiguous(), scale.contiguous(), bias.contiguous(), u, r, dx.contiguous(), dpost.contiguous(),
+            dres.contiguous(), dh, dz, N, C, **meta, num_warps=warps)
+    dz = dz.view(N, K)
+    dv = dz * scale * r.view(N, 1)  # (N, K)
+    dW = float32_or_wider(h.view(N, n * C)).t() @ dv  # (n*C, K): h read once more, by a matmul
+    return dh, dW.to(W.dtype), (dz * u.view(N, K)).sum(0).to(scale.dtype), dz.sum(0).to(bias.dtype)
+
+
+def dynamic_read(h, W, alpha, groups, bias, eps=1e-6):
+    """residuals.dynamic_read: x (B,T,C), post (B,T,n), res (B,T,K), float32 (or wider).
+    One launch forward (the norm's statistics, the projection, the coefficients and the
+    read), one backward (d h in one buffer) and two matmuls over its d z; past
+    DYNAMIC_MAX_K coefficients, rms_projection below, then the stream_read kernel."""
+    check_triton_available(h.device)
+    B, T, n, C = h.shape
+    with torch.autocast(h.device.type, enabled=False):
+        if W.shape[1] <= DYNAMIC_MAX_K:
+            x, post, res, _, _ = _dynamic_read_fwd_op(h, W, alpha @ groups, bias, eps)
+            return x, post, res
+        z = torch.addcmul(bias, rms_projection(float32_or_wider(h).reshape(B, T, n * C), W, eps), alpha @ groups)
+    pre, post, res = z.split([n, n, z.shape[-1] - 2 * n], -1)
+    return stream_read(h, pre.sigmoid()), 2 * post.sigmoid(), res
+
+
+def rms_projection(x, W, eps=1e-6):
+    """residuals.rms_projection as (x @ W) rsqrt(mean(x^2) + eps): the normalized x, as
+    wide as x, is never formed (fused.py's form; hc's coefficients). Plain PyTorch, which
+    torch.compile fuses with the ops around it. x (..., D), W (D, K) -> (..., K)"""
+    return (x @ W) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+# -----------------------------------------------------------------------------
+# Plumbing: where the kernels run, and each op's registration with PyTorch.
+
+# Whether the kernels run (slowly) on the CPU in Triton's interpreter: @triton.jit
+# decided it for every kernel above, from TRITON_INTERPRET=1 set before triton is imported. Asked of
+# the decorator's result, because each Triton version reads the variable its own way
+# (triton.knobs, which the older ones lack, from 3.4 on).
+INTERPRETED = isinstance(_sinkhorn_load, InterpretedFunction)
+
+
+def check_triton_available(device="cuda"):
+    """Raise RuntimeError, saying why, if the Triton kernels cannot run on `device`."""
+    if INTERPRETED:
+        return
+    if not torch.cuda.is_available():
+        raise RuntimeError("the Triton kernels need a CUDA GPU and torch sees none; use kernels='fused', or set "
+                           "TRITON_INTERPRET=1 before importing triton to run them (slowly) on the CPU")
+    if torch.device(device).type != "cuda":
+        raise RuntimeError(f"the Triton kernels run on CUDA tensors, got a tensor on '{device}'")
+
+
+def _on_device_of(t):
+    """Launch under t's device: Triton launches on the current CUDA device, which need
+    not be the tensor's (--device=cuda:1)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+# Custom ops, not autograd.Functions: torch.compile treats a custom op as one opaque
+# node (shapes from its fake implementation) instead of tracing into the launcher,
+# which dynamo cannot do for kernels the interpreter runs and does only partly for
+# compiled ones (None pointers, constexpr arguments). The backward is its own op, so
+# a compiled backward graph holds it too.
+def _custom_op(name, fwd, bwd, fake, bwd_fake, grads=None):
+    """Register the launchers fwd and bwd as the custom ops streams::<name> and
+    streams::<name>_backward, each with its fake (its outputs' shapes and dtypes, all
+    torch.compile sees of it), and autograd from one to the other; return the first.
+    bwd takes fwd's tensor inputs, the gradient of fwd's output, then fwd's ints; it
+    returns the gradients of the tensor inputs, or grads(inputs, grad, bwd's results) does."""
+    op = torch.library.custom_op(f"streams::{name}", fwd, mutates_args=())
+    op.register_fake(fake)
+    bwd_op = torch.library.custom_op(f"streams::{name}_backward", bwd, mutates_args=())
+    bwd_op.register_fake(bwd_fake)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*(x for x in inputs if x is None or isinstance(x, torch.Tensor)))
+        ctx.ints = [x for x in inputs if not (x is None or isinstance(x, torch.Tensor))]
+
+    def backward(ctx, grad):
+        inputs = ctx.saved_tensors
+        results = bwd_op(*inputs, grad, *ctx.ints)
+        if grads is not None:
+            return grads(inputs, grad, results)
+        return ((results,) if isinstance(results, torch.Tensor) else tuple(results)) + (None,) * len(ctx.ints)
+
+    op.register_autograd(backward, setup_context=setup_context)
+    return op
+
+
+_sinkhorn_op = _custom_op("sinkhorn", _sinkhorn_fwd, _sinkhorn_bwd,
+                          fake=lambda logits, iters: logits.new_empty(logits.shape, dtype=torch.float32),
+                          bwd_fake=lambda logits, grad_out, iters: logits.new_empty(logits.shape))
+_stream_read_op = _custom_op("stream_read", _stream_read_fwd, _stream_read_bwd,
+                             fake=lambda h, pre: h.new_empty(h.shape[:-2] + h.shape[-1:], dtype=_read_dtype(h, pre)),
+                             bwd_fake=lambda h, pre, dx: (h.new_empty(h.shape), pre.new_empty(pre.shape)))
 _stream_write_op = _custom_op(
     "stream_write", _stream_write_fwd, _stream_write_bwd,
     fake=lambda h, mix, post, y: h.new_empty(h.shape),
@@ -601,9 +799,36 @@ _stream_write_op = _custom_op(
     grads=lambda inputs, g, results: (g, None, *results) if inputs[1] is None else tuple(results))
 
 
-def stream_write(h, mix, post, y):
-    """MIX(h) + post (outer) y, shape (B,T,n,C), h's dtype; (MIX h)_i = sum_j mix[i, j] h_j.
-    h (B,T,n,C); mix (B,T,n,n) full, (B,T,n) diagonal gate, or None (identity);
-    post (B,T,n); y (B,T,C). One pass over h and y, one write of the result."""
-    check_triton_available(h.device)
-    return _stream_write_op(h, mix, post, y)
+_dynamic_read_fwd_op = torch.library.custom_op("streams::dynamic_read", _dynamic_read_fwd, mutates_args=())
+_dynamic_read_bwd_op = torch.library.custom_op("streams::dynamic_read_backward", _dynamic_read_bwd, mutates_args=())
+
+
+@_dynamic_read_fwd_op.register_fake
+def _(h, W, scale, bias, eps):
+    *batch, n, C = h.shape
+    dtype = torch.promote_types(h.dtype, torch.float32)
+    return (*(h.new_empty(*batch, size, dtype=dtype) for size in (C, n, W.shape[1] - 2 * n, W.shape[1])),
+            h.new_empty(*batch, dtype=dtype))
+
+
+@_dynamic_read_bwd_op.register_fake
+def _(h, W, scale, bias, u, r, dx, dpost, dres):
+    return h.new_empty(h.shape), W.new_empty(W.shape), scale.new_empty(scale.shape), bias.new_empty(bias.shape)
+
+
+def _dynamic_read_setup(ctx, inputs, output):
+    h, W, scale, bias, _ = inputs
+    ctx.save_for_backward(h, W, scale, bias, output[3], output[4])
+
+
+def _dynamic_read_backward(ctx, dx, dpost, dres, du, dr):
+    """du and dr: u and r are the forward's outputs only to keep them for this backward."""
+    h, W, scale, bias, u, r = ctx.saved_tensors
+    zeros = lambda t, like: torch.zeros_like(like) if t is None else t  # an output the loss does not use
+    C, n = h.shape[-1], h.shape[-2]
+    dx, dpost = zeros(dx, h[..., 0, :].float()), zeros(dpost, h[..., 0].float())
+    dres = zeros(dres, u[..., 2 * n:])
+    return (*_dynamic_read_bwd_op(h, W, scale, bias, u, r, dx, dpost, dres), None)
+
+
+_dynamic_read_fwd_op.register_autograd(_dynamic_read_backward, setup_context=_dynamic_read_setup)

@@ -1741,19 +1741,20 @@ def test_fused_stream_ops_gradcheck(n, mix):
 
 @pytest.mark.parametrize("shape", [(B, T, 4 * C), (B, T, 4, C), (5, 1)], ids=["flat", "per-stream", "width-1"])
 @pytest.mark.parametrize("expanded", [False, True], ids=["dense", "expanded"])
-def test_fused_rms_projection(shape, expanded):
-    """Only fused.py has its own: kernels.py uses fused.py's (a cuBLAS matmul; see
-    test_kernels_triton_dynamic_read_keeps_no_copy_of_the_state)."""
-    assert kernels is None or kernels.rms_projection is stream_ops("fused").rms_projection
+@pytest.mark.parametrize("impl", ["fused", pytest.param("triton", marks=needs_triton)])
+def test_fused_rms_projection(shape, expanded, impl):
+    """fused.py's, with its backward written out, and kernels.py's, the same form in
+    plain PyTorch (hc's coefficients; torch.compile fuses it), against the reference."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g, dtype=torch.float64)
     if expanded:  # a stride-0 view: an embedding expand()ed to n equal streams
         x = x[..., :1, :] if len(shape) == 4 else x[:1]
     W = torch.randn(shape[-1], 11, generator=g, dtype=torch.float64)
     # width 1: RMSNorm(x) = sign(x), so d x is 0 up to rounding: a floor of 1e-3 (O(1) values) allows that
-    check_against_reference("fused", "rms_projection", dict(x=x, W=W), 1e-10, expand=dict(x=shape), floor=1e-3)
-    small = x[(slice(0, 2),) * (x.dim() - 1)].detach().clone().requires_grad_()  # gradcheck costs a pass per element
-    assert torch.autograd.gradcheck(stream_ops("fused").rms_projection, (small, W.detach().clone().requires_grad_()))
+    check_against_reference(impl, "rms_projection", dict(x=x, W=W), 1e-10, expand=dict(x=shape), floor=1e-3)
+    if impl == "fused":  # its backward, written out, against finite differences too
+        small = x[(slice(0, 2),) * (x.dim() - 1)].detach().clone().requires_grad_()  # a pass per element
+        assert torch.autograd.gradcheck(stream_ops("fused").rms_projection, (small, W.detach().clone().requires_grad_()))
 
 
 def test_fused_rms_projection_tiny_inputs():
@@ -1762,10 +1763,10 @@ def test_fused_rms_projection_tiny_inputs():
     check_against_reference("fused", "rms_projection", dict(x=x, W=torch.randn(6, 3, dtype=torch.float64)), 1e-10)
 
 
-def dynamic_read_inputs(n, K, dtype=torch.float64, seed=0):
+def dynamic_read_inputs(n, K, dtype=torch.float64, seed=0, width=C, tokens=(B, T)):
     g = torch.Generator().manual_seed(seed)
-    inputs = dict(h=torch.randn(B, T, n, C, generator=g, dtype=dtype),
-                  W=torch.randn(n * C, 2 * n + K, generator=g, dtype=dtype) / C ** 0.5,
+    inputs = dict(h=torch.randn(*tokens, n, width, generator=g, dtype=dtype),
+                  W=torch.randn(n * width, 2 * n + K, generator=g, dtype=dtype) / width ** 0.5,
                   alpha=torch.rand(3, generator=g, dtype=dtype) + 0.5,
                   bias=torch.randn(2 * n + K, generator=g, dtype=dtype))
     return inputs, dict(groups=residuals.scale_groups(n, n, K).to(dtype))
@@ -1779,6 +1780,30 @@ def test_fused_dynamic_read(n, K, used, impl, dtype, tol):
     and res, and the gradient of h, W, alpha and bias, whichever outputs the loss uses."""
     inputs, constants = dynamic_read_inputs(n, K, dtype, seed=n + K)
     check_against_reference(impl, "dynamic_read", inputs, tol, constants, used=used)
+
+
+@pytest.mark.parametrize("impl", ["fused", pytest.param("triton", marks=slow)])
+@pytest.mark.parametrize("n, K, width", [(2, 0, 383), (4, 4, 384), (5, 120, 383), (8, 8, 768), (8, 64, 384)],
+                         ids=["ihc2-383", "gated-384", "lite5-383", "gated8-768", "mhc8-384"])
+def test_fused_dynamic_read_at_the_models_widths(impl, n, K, width):
+    """Every output and gradient at the GPU models' widths (384, 768) and an odd one, n = 2
+    to 8 and up to mhc_lite's 120 MIX logits (the Triton kernels' widest tile of W): many
+    channel tiles of the norm, the projection and the read. 7 tokens: the interpreter's
+    time goes with the programs."""
+    inputs, constants = dynamic_read_inputs(n, K, torch.float32, seed=n + K, width=width, tokens=(1, 7))
+    check_against_reference(impl, "dynamic_read", inputs, 1e-5, constants)
+
+
+@IMPLS
+def test_fused_dynamic_read_of_a_bf16_state(impl):
+    """--state_dtype=bfloat16: h bf16, its coefficients' maths in float32 (W, alpha and the
+    bias are float32 parameters): x, post, res and the parameters' gradients float32-close to
+    float64 on the same bf16 values; d h rounded once to bf16."""
+    inputs, constants = dynamic_read_inputs(4, 16, torch.float32, seed=3)
+    inputs["h"] = inputs["h"].bfloat16()
+    outs = check_against_reference(impl, "dynamic_read", inputs, {torch.float32: 1e-5, torch.bfloat16: 5e-3},
+                                   constants)
+    assert all(out.dtype == torch.float32 for out in outs), [out.dtype for out in outs]
 
 
 def test_fused_dynamic_read_expanded_state():
@@ -1934,6 +1959,10 @@ def jobs(ns, archs):
             sinkhorn = K._sinkhorn_meta(n, 20)
             yield arch, f"sinkhorn fwd n={n}", "_sinkhorn_fwd_kernel", sinkhorn
             yield arch, f"sinkhorn bwd n={n}", "_sinkhorn_bwd_kernel", sinkhorn
+            for kind, logits in (("gated", n), ("mhc", n * n)):  # a gate's MIX logits, and mhc's, the most but lite's
+                meta, warps = K._dynamic_meta(n, 2 * n + logits)
+                yield arch, f"dynamic_read fwd {kind} n={n}", "_dynamic_read_fwd_kernel", dict(meta, num_warps=warps)
+                yield arch, f"dynamic_read bwd {kind} n={n}", "_dynamic_read_bwd_kernel", dict(meta, num_warps=warps)
             for C in (768, 384) if n == 4 else (768,):  # GPT-2's width; at the default n, train.py's GPU model's
                 h = torch.empty(64 * 1024, n, C, device="meta")  # the model's tokens, n, C
                 fwd, bwd = K._stream_shape(h)[3], K._stream_shape(h, backward=True)[3]
@@ -1951,13 +1980,15 @@ def jobs(ns, archs):
 
 def usage(job):
     arch, label, name, constexprs = job
+    constexprs = dict(constexprs)
+    options = dict(num_warps=constexprs.pop("num_warps", 4))  # the launcher's, or Triton's default
     fn = getattr(K, name)
     # as a launch at the model's sizes specializes: pointers 16-byte aligned, N and C multiples of 16
-    sig = {a: "constexpr" if a in constexprs else "i32" if a in ("N", "C") else "*bf16" if a in BF16 else "*fp32"
-           for a in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a not in constexprs}
+    sig = {a: "constexpr" if a in constexprs else "i32" if a in ("N", "C") else "fp32" if a == "eps"
+           else "*bf16" if a in BF16 else "*fp32" for a in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a not in constexprs and a != "eps"}
     start = time.time()
-    compiled = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", arch, 32))
+    compiled = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", arch, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
@@ -2017,7 +2048,7 @@ def test_kernels_compile_without_spills(arch, ns):
     and the largest, n = 8 (the full sweep of both takes ~125 s on one core; sm_80 at
     every n was measured free of spills too, see lab/kernels.md)."""
     usage = compile_for_gpu(ns, [arch])
-    assert len(usage) == 10 * len(ns) + 8 * (4 in ns), usage  # n = 4 also at C = 384
+    assert len(usage) == 14 * len(ns) + 8 * (4 in ns), usage  # n = 4 also at C = 384
     spilled = {key: u for key, u in usage.items() if u[1] or u[2]}
     assert not spilled, f"kernels that spill (registers, stack B, local B): {spilled}"
     assert max(u[0] for u in usage.values()) < 255, usage
@@ -2192,13 +2223,37 @@ def test_kernels_gpu_sinkhorn_matches_float64(n, scale, dtype):
     check_against_reference("triton", "sinkhorn", dict(logits=logits), tol, floor=1e-3, chunk=GPU_CHUNK)
 
 
+def gpu_dynamic_read_inputs(n, K, state_dtype=torch.float32):
+    """dynamic_read's inputs at GPU_TOKENS and GPU_C, on the GPU: the state in state_dtype,
+    the coefficients' parameters float32; and its constants (groups, float32)."""
+    inputs, constants = dynamic_read_inputs(n, K, torch.float32, seed=n + K, width=GPU_C, tokens=GPU_TOKENS)
+    inputs = {k: v.to(GPU_DEVICE) for k, v in inputs.items()}
+    inputs["h"] = inputs["h"].to(state_dtype)
+    return inputs, {k: v.to(GPU_DEVICE) for k, v in constants.items()}
+
+
+@gpu
+@pytest.mark.parametrize("n, K, state", [(n, K, "float32") for n in range(2, 9) for K in (0, n * n)]
+                         + [(4, 4, "float32"), (4, 16, "bfloat16")])
+def test_kernels_gpu_dynamic_read_matches_float64(n, K, state):
+    """The coefficients and the read in one kernel (K = 0: ihc's; n: a gate's; n*n: mhc's
+    logits), and its backward, against float64: tl.dot in 3xTF32 keeps float32's accuracy."""
+    gpu_poison()
+    inputs, constants = gpu_dynamic_read_inputs(n, K, getattr(torch, state))
+    check_against_reference("triton", "dynamic_read", inputs, GPU_TOL, constants)  # float64 at n = 8: ~1 GB
+
+
 @gpu
 @pytest.mark.parametrize("op, mix", [("stream_read", None), ("stream_write", "none"), ("stream_write", "diagonal"),
-                                     ("stream_write", "full"), ("sinkhorn", None)])
+                                     ("stream_write", "full"), ("sinkhorn", None), ("dynamic_read", None)])
 def test_kernels_gpu_kernels_are_deterministic(op, mix):
     """Two runs on the same inputs give bitwise-equal outputs and gradients (no
-    atomics, no order that depends on scheduling)."""
-    if op == "sinkhorn":
+    atomics, no order that depends on scheduling; dynamic_read's reductions over tokens
+    are a matmul and sums)."""
+    constants = {}
+    if op == "dynamic_read":
+        inputs, constants = gpu_dynamic_read_inputs(4, 16)
+    elif op == "sinkhorn":
         B, T = GPU_TOKENS
         inputs = dict(logits=5 * torch.randn(B, T, 4, 4, generator=torch.Generator(GPU_DEVICE).manual_seed(0),
                                              device=GPU_DEVICE))
@@ -2207,10 +2262,9 @@ def test_kernels_gpu_kernels_are_deterministic(op, mix):
     runs = []
     for _ in range(2):  # the same random upstream gradient both times
         gpu_poison()
-        runs.append(outputs_and_gradients(getattr(kernels, op), inputs, {}))
-    (first,), first_grads = runs[0]
-    (second,), second_grads = runs[1]
-    assert torch.equal(first, second), f"{op}: two runs gave different outputs"
+        runs.append(outputs_and_gradients(getattr(kernels, op), inputs, constants))
+    (first, first_grads), (second, second_grads) = runs
+    assert all(map(torch.equal, first, second)), f"{op}: two runs gave different outputs"
     for name in first_grads:
         assert torch.equal(first_grads[name], second_grads[name]), f"{op}: two runs gave different d {name}"
 

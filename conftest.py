@@ -70,6 +70,7 @@ def run_in_this_process(script, *args):
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # train.py installs its own
     sys.argv = [os.path.join(ROOT, script), *args]
     os.chdir(ROOT)
+    status = None  # a traceback: it raises here
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             if script.startswith("lab/"):  # python -m lab.compare, as a fresh __main__ beside any import of it
@@ -90,7 +91,8 @@ def run_in_this_process(script, *args):
         os.chdir(cwd)
         for s, handler in handlers.items():
             signal.signal(s, handler)
-        gc.collect()  # the script's globals hold cycles: its files (train.py's lock) close as at its exit
+        if status != 2:  # a one-line error (exit 2) comes before the scripts open anything (train.py's lock)
+            gc.collect()  # the script's globals hold cycles: its files close as at its exit
     return status, out.getvalue(), err.getvalue()
 
 

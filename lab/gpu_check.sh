@@ -48,7 +48,8 @@ if [ "$dry" != 1 ] && ! "$python" -c 'import sys, torch; sys.exit(not torch.cuda
     echo "error: torch sees no CUDA GPU; run this on a GPU machine with a CUDA build of torch (GPU_TESTS_ON_CPU=1 for a dry run)" >&2
     exit 1
 fi
-if ! missing=$("$python" -c 'import importlib.util as u; print(" ".join(m for m in ("triton", "numpy", "tiktoken", "tqdm", "pytest") if not u.find_spec(m)))') || [ -n "$missing" ]; then
+if ! missing=$("$python" -c 'import importlib.util as u; need = dict(triton="triton", numpy="numpy", tiktoken="tiktoken", tqdm="tqdm", pytest="pytest", xdist="pytest-xdist")
+print(" ".join(package for module, package in need.items() if not u.find_spec(module)))') || [ -n "$missing" ]; then
     echo "error: missing Python packages in $python: ${missing:-?}; install them without touching torch (pip install --no-deps NAME)" >&2
     exit 1
 fi
@@ -80,8 +81,9 @@ say() {  # NAME, verdict: printed now, and kept for the summary
 }
 
 tests() {  # NAME, cap, -k expression: $out/$call-NAME.txt (pytest -v, a line per test as it ends) and its verdict
+    # -n 0: in one process (pytest.ini's -n auto would start one per CPU core, all on the one GPU)
     local start=$(date +%s) rc passed failed skipped counts verdict file="$out/$call-$1.txt"
-    timeout -k 10 "$2" env TRITON_INTERPRET=$interpret "$python" -m pytest tests.py -k "$3" -v -rs \
+    timeout -k 10 "$2" env TRITON_INTERPRET=$interpret "$python" -m pytest tests.py -n 0 -k "$3" -v -rs \
         -p no:cacheprovider > "$file" 2>&1
     rc=$?
     # every test's own line: "tests.py::test_x[...] PASSED", also when the stage was killed

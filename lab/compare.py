@@ -27,8 +27,11 @@ and a run directory made with other settings is an error, never mixed in. Each
 finished run's metrics and arguments also go to results_dir at once (metrics/ and
 progress.json), so a study longer than a machine's life outlives it: commit them
 (--commit=True commits each as it ends), and the same command on a fresh clone
-trains only the runs not recorded there. A preset may take every run from one CPU
-(CPUs round float32 differently): a call on another is then an error.
+trains only the runs not recorded there. A preset may train every run with one CPU's
+arithmetic (CPUs round float32 differently): its runs take torch's AVX2 code paths on
+any CPU (lab/machine.py), and a machine whose CPU the record does not name yet first
+retrains the first 30 iterations of one recorded run per variant; unless every loss,
+gradient norm and evaluation matches the record bit for bit, the call is an error.
 
 A preset with a learning-rate grid compares fairly: each variant first trains at
 every rate of the grid on the tuning seed, a seed the comparison does not use; its
@@ -72,7 +75,7 @@ from tqdm import tqdm
 from configurator import check_settings, configure, fail
 from lab.presets import PRESETS
 from lab.plot import draw, read_metrics
-from lab.machine import cpu_name
+from lab.machine import AVX2_ARITHMETIC, cpu_name
 from lab.stats import grid_table, holm, mean_std, paired, paired_cell, ratio_of_means
 from model import RESIDUALS
 
@@ -349,10 +352,8 @@ def train_all():
     first (if the preset has one), then the comparison at the chosen rates. Ctrl-C or
     SIGTERM: the running ones save a checkpoint and stop; the next call resumes them."""
     started = time.time()
-    others = sorted(set(read_progress().get("cpus", {}).values()) - {CPU}) if PRESET.one_cpu else []
-    if others:  # before this call is on record: it trains nothing
-        fail(f"--preset={preset} trains every run on one CPU, and {progress_path} records runs trained on "
-             f"{', '.join(others)}; this machine is {CPU}: train the rest there")
+    if PRESET.one_cpu:  # before this call is on record: a machine that differs trains nothing
+        check_arithmetic()
     record_call(0, new_call=True)  # on record from its start: a call killed outright keeps what it got done
     losses, mults = tune(lambda runs: train_runs(runs, "tuning", started), runs_dir)
     runs = comparison_runs(choices(losses), mult_choices(mults))
@@ -367,6 +368,7 @@ def train_all():
                                f"Python {platform.python_version()}, torch {torch.__version__}",
                        runs={run.name: train_arguments(run) for run in every_run},
                        **reused_record(every_run), **cpus_record(every_run),
+                       **({"reproduced": read_progress()["reproduced"]} if "reproduced" in read_progress() else {}),
                        **(dict(tuning_seed=tuning_seed, grid_losses=losses, chosen=choices(losses)) if grid else {}),
                        **(dict(scale_lr_mult_losses=mults, chosen_scale_lr_mult=mult_choices(mults)) if mults else {})),
                   f, indent=1)
@@ -385,6 +387,108 @@ def cpus_record(runs):
     (a run taken from a study that did not record its processor)."""
     cpus = {run.name: run_cpu(run) for run in runs}
     return {"cpus": cpus} if all(cpus.values()) else {}
+
+
+def run_environment():
+    """train.py's environment: the cores split between the runs on the CPU, and a
+    one-arithmetic study's code paths pinned (AVX2_ARITHMETIC)."""
+    env = dict(os.environ)
+    if on_cpu:  # split the cores between the runs
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    if PRESET.one_cpu:
+        env.update(AVX2_ARITHMETIC)
+    return env
+
+
+# --- one arithmetic over several machines ------------------------------------------
+
+REPRODUCED_ITERS = 30  # a machine new to a one-arithmetic study retrains this many iterations of its runs
+TIMINGS = ("elapsed_s", "tokens_per_sec")  # what a reproduced run may differ in
+
+
+def check_arithmetic():
+    """A one_cpu study's runs keep one arithmetic. A machine whose CPU trained none of
+    the recorded runs, and has not reproduced them before (progress.json: reproduced),
+    retrains the first REPRODUCED_ITERS iterations of the first recorded run of each
+    variant (its arguments but seed, rate and multiplier) with the runs' environment. It
+    goes on only where each matches the record bit for bit, and that goes on record
+    (committed with --commit=True); else a one-line error, and nothing is trained."""
+    progress = read_progress()
+    cpus = progress.get("cpus", {})
+    if set(cpus.values()) <= {CPU} or CPU in progress.get("reproduced", {}):
+        return
+    picks = {}  # what a run trains, but seed and rates -> the first recorded run of it (the record's order)
+    for name, arguments in progress["runs"].items():
+        if cpus.get(name) != CPU:
+            picks.setdefault(tuple(a for a in arguments if not a.startswith(SEED_AND_RATES)), name)
+    names = list(picks.values())
+    print(f"this machine is {CPU}; {progress_path} records runs trained on {', '.join(sorted(set(cpus.values())))}: "
+          f"retraining the first {REPRODUCED_ITERS} iterations of {len(names)} of them (one per variant), "
+          f"{jobs} at a time, to check that it computes what they did, bit for bit", flush=True)
+    for start in range(0, len(names), jobs):
+        batch = names[start:start + jobs]
+        processes = [reproduce(name, progress["runs"][name]) for name in batch]
+        for name, process in zip(batch, processes):
+            if process.wait() != 0:
+                fail(f"retraining the start of {name} to check this machine's arithmetic stopped (exit "
+                     f"{process.returncode}: {last_line(reproduction_dir(name))})")
+        for name in batch:
+            differs = first_difference(os.path.join(metrics_dir, name + ".jsonl"),
+                                       os.path.join(reproduction_dir(name), "metrics.jsonl"))
+            if differs:
+                fail(f"--preset={preset} trains every run with one CPU's arithmetic, and this machine ({CPU}) does "
+                     f"not compute what {cpus[name]} did: {name} {differs}; train the rest there")
+    progress["reproduced"] = {**progress.get("reproduced", {}), CPU: dict(
+        iterations=REPRODUCED_ITERS, environment=AVX2_ARITHMETIC, runs={name: cpus[name] for name in names})}
+    with open(progress_path + ".tmp", "w") as f:
+        json.dump(progress, f, indent=1)
+    os.replace(progress_path + ".tmp", progress_path)
+    print(f"{CPU} reproduced the {len(names)} runs bit for bit; training on it", flush=True)
+    if commit:
+        commit_results(f"{preset}: {CPU} reproduces the record's runs", (
+            f"compare.py retrained the first {REPRODUCED_ITERS} iterations of {', '.join(names)} on this "
+            f"machine, with {' '.join(f'{k}={v}' for k, v in AVX2_ARITHMETIC.items())}, and every loss, "
+            f"gradient norm and evaluation matched the record bit for bit: its runs may join the study."))
+
+
+SEED_AND_RATES = ("--seed=", "--learning_rate=", "--min_lr=", "--scale_lr_mult=", "--out_dir=")
+
+
+def reproduction_dir(name):
+    return os.path.join(runs_dir, "reproduced", name)
+
+
+def reproduce(name, arguments):
+    """train.py started on a recorded run's arguments, cut after REPRODUCED_ITERS
+    iterations on the same schedule (its cosine still ends where the run's did)."""
+    out_dir = reproduction_dir(name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    max_iters = int(next((a.split("=", 1)[1] for a in reversed(arguments) if a.startswith("--max_iters=")), 0))
+    decay = int(next((a.split("=", 1)[1] for a in reversed(arguments) if a.startswith("--lr_decay_iters=")), 0))
+    if not max_iters:
+        fail(f"{progress_path} records {name} without --max_iters, so its start cannot be retrained alone")
+    cut = [f"--max_iters={min(max_iters, REPRODUCED_ITERS + 1)}", f"--lr_decay_iters={decay or max_iters}",
+           f"--out_dir={out_dir}"]
+    with open(os.path.join(out_dir, "train.log"), "w") as log:
+        return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *todays_spelling(arguments), *cut],
+                                stdout=log, stderr=subprocess.STDOUT, env=run_environment())
+
+
+def first_difference(recorded_path, here_path):
+    """Where a run's first REPRODUCED_ITERS iterations, retrained here, differ from its
+    record ('at iteration 10, grad_norm is ... in the record and ... here'); None if
+    nowhere but the timings."""
+    def rows(path):
+        with open(path) as f:
+            return [row for row in map(json.loads, f) if row["iter"] <= REPRODUCED_ITERS]
+    recorded, here = rows(recorded_path), rows(here_path)
+    for old, new in itertools.zip_longest(recorded, here, fillvalue={}):
+        for key in sorted((set(old) | set(new)) - set(TIMINGS)):
+            if old.get(key) != new.get(key):
+                return (f"at iteration {old.get('iter', new.get('iter'))}, {key} is {old.get(key)} in the record "
+                        f"and {new.get(key)} here")
+    return None
 
 
 def train_runs(runs, desc, started):
@@ -413,9 +517,7 @@ def train_runs(runs, desc, started):
           + (f" ({taken} taken from results/: {', '.join(PRESET.reuse)})" if taken else "")
           + (f" ({recorded} recorded in {progress_path})" if recorded else "")
           + f"; training {len(pending)}, {jobs} at a time", flush=True)
-    env = dict(os.environ)
-    if on_cpu:  # split the cores between the runs
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    env = run_environment()
     running, stopped = {}, []  # out_dir -> (arguments, process); out_dirs that did not finish
 
     def stop(signum, frame):  # Ctrl-C reaches the runs from the terminal; SIGTERM is passed on
@@ -760,6 +862,12 @@ def report():
         text[-1] += (f" Made by {made}, {info['jobs']} run(s) at a time on {info['machine']}. tokens/s: over the "
                      f"whole run, with {info['jobs']} run(s) sharing the machine (`python -m lab.bench` times the "
                      f"topologies under equal conditions).")
+        for cpu, check in info.get("reproduced", {}).items():
+            text[-1] += (f" {cpu} trained runs of this study only after retraining the first {check['iterations']} "
+                         f"iterations of {len(check['runs'])} of its recorded runs (one per variant, trained on "
+                         f"{', '.join(sorted(set(check['runs'].values())))}) and matching every loss, gradient norm "
+                         f"and evaluation bit for bit, each run with "
+                         f"{' '.join(f'{k}={v}' for k, v in check['environment'].items())} (run.json: reproduced).")
         if "reused" in info:
             text[-1] += (f" {len(info['reused'])} run(s) are committed runs of results/"
                          f"{', results/'.join(sorted({path.split('/')[0] for path in info['reused'].values()}))} trained "

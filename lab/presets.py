@@ -31,7 +31,7 @@ class Preset(NamedTuple):
     lead: tuple = ()  # (base, leader): for each contrast's variant, the share of leader's lead over base it keeps
     recorded_as: dict = {}  # label -> the label its committed runs were recorded under, before a relabelling
     scale_lr_mults: tuple = ()  # a grid of --scale_lr_mult: each variant with scales tuned over it, at its rate
-    one_cpu: bool = False  # every run trained on one processor: a call on another is an error (nothing reused)
+    one_cpu: bool = False  # every run with one CPU's arithmetic: another CPU joins only by reproducing its runs
 
 
 def topologies(*names):

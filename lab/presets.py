@@ -160,11 +160,11 @@ PRESETS = dict(
                                            for base in ("residual", "hc")),
                            lead=("residual", "hc")),
     # Does any topology beat a residual given the same tools (#49)? depth48's model, five seeds no study has
-    # used, every run on one CPU and nothing reused: the residual with learned skip and branch scales, and
-    # with the embedding fed to every sublayer too (residual.x0, which holds both others: the best-equipped,
-    # named before any run); hc and the gate against it; the gate with its amplification taken away. Every
-    # variant tuned on seed 1336, its rate and then its scales' multiplier; the final loss over the whole
-    # validation split; the share of the gate's lead over the residual that each arm gets
+    # used, every run with one CPU's arithmetic and nothing reused: the residual with learned skip and branch
+    # scales, and with the embedding fed to every sublayer too (residual.x0, which holds both others: the
+    # best-equipped, named before any run); hc and the gate against it; the gate with its amplification taken
+    # away. Every variant tuned on seed 1336, its rate and then its scales' multiplier; the final loss over the
+    # whole validation split; the share of the gate's lead over the residual that each arm gets
     depth48_tools=Preset(SWEEP_MODEL + ["--n_layer=48"], seeds="1342,1343,1344,1345,1346",
                          learning_rates=(2e-3, 4e-3, 8e-3), scale_lr_mults=(1, 4, 16), one_cpu=True,
                          baselines=("residual", "residual.x0"),

@@ -179,6 +179,7 @@ PRESETS = dict(
     # a GPU) costs in loss: train.py's CPU model at its default rate, the residual and the headline topology
     # each against itself with a float32 state, on two seeds (issue 48: a cost, not a tuned comparison)
     state_dtype=Preset(["--device=cpu"], rate=4e-3, seeds="1337,1338", baselines=("residual", "norm_gated_ihc"),
+                       one_cpu=True,
                        variants={**topologies("residual"), **with_setting("residual", "state_dtype", "bfloat16"),
                                  **topologies("norm_gated_ihc"),
                                  **with_setting("norm_gated_ihc", "state_dtype", "bfloat16")},

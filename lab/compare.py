@@ -236,17 +236,22 @@ def run_cpu(run):
     return json.load(open(path)).get("cpu") if os.path.exists(path) else None
 
 
+def what_it_trains(arguments):
+    """A run's arguments but --out_dir, which names where it ran (--runs_dir), not what."""
+    return [arg for arg in arguments if not arg.startswith("--out_dir=")]
+
+
 def committed_twin(run):
     """(the metrics file, relative to results/, of a run of one of the preset's `reuse`
     studies that was trained with this run's arguments but for its out_dir (the same
     model, data, schedule, rate and seed), the processor that study records for it);
     (None, None) if there is none."""
-    want = [arg for arg in train_arguments(run) if not arg.startswith("--out_dir=")]
+    want = what_it_trains(train_arguments(run))
     for study in PRESET.reuse:
         with open(os.path.join(HERE, "results", study, "run.json")) as f:
             info = json.load(f)
         for name, arguments in {**info["runs"], **info.get("respelled", {})}.items():
-            if [arg for arg in arguments if not arg.startswith("--out_dir=")] == want:
+            if what_it_trains(arguments) == want:
                 return os.path.join(study, "metrics", name + ".jsonl"), info.get("cpus", {}).get(name)
     return None, None
 
@@ -274,7 +279,7 @@ def recorded_run(run, arguments):
     recorded = progress["runs"].get(run.name)
     if recorded is None:
         return None, None
-    if [a for a in recorded if not a.startswith("--out_dir=")] != [a for a in arguments if not a.startswith("--out_dir=")]:
+    if what_it_trains(recorded) != what_it_trains(arguments):
         fail(f"{progress_path} records {run.name} trained with other arguments ({shlex.join(recorded)}); "
              f"use another --results_dir")
     return os.path.join(metrics_dir, run.name + ".jsonl"), progress.get("cpus", {}).get(run.name)
@@ -926,14 +931,16 @@ def at_commit(call):
 
 def study_record(runs):
     """<results_dir>/run.json as train_all wrote it. Its runs must be this report's: a
-    results folder trained with other arguments is an error, never a mislabelled table."""
+    results folder trained with other arguments (where it ran aside: --runs_dir) is an error,
+    never a mislabelled table."""
     path = os.path.join(results_dir, "run.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
         info = json.load(f)
     spelled = {**info["runs"], **info.get("respelled", {})}  # today's spelling where respell.py wrote one
-    differ = [run.name for run in runs if spelled.get(run.name) != train_arguments(run)]
+    differ = [run.name for run in runs
+              if what_it_trains(spelled.get(run.name, [])) != what_it_trains(train_arguments(run))]
     if differ:
         fail(f"{path}: {', '.join(differ)} were trained with other arguments than --preset={preset} gives "
              f"now; train them again (delete {metrics_dir}) or redraw with the settings they had")

@@ -343,6 +343,30 @@ def test_committed_results_redraw_byte_for_byte(preset, tmp_path):
                                                                             "rb").read(), name
 
 
+def test_redraw_takes_a_study_run_elsewhere_but_not_one_trained_otherwise(tmp_path):
+    """A study's record names where each run trained (--out_dir, under its --runs_dir):
+    redrawing state_dtype with another runs_dir's paths in it draws the same table; one
+    run recorded at another rate is a one-line error, not a table under the wrong label."""
+    committed = os.path.join(LAB, "results", "state_dtype")
+    folder = tmp_path / "state_dtype"
+    shutil.copytree(committed, folder)
+    record = json.loads((folder / "run.json").read_text())
+    moved = {name: [arg.replace("--out_dir=", "--out_dir=/elsewhere/") for arg in arguments]
+             for name, arguments in record["runs"].items()}
+    (folder / "run.json").write_text(json.dumps({**record, "runs": moved}))
+    (folder / "results.md").unlink()
+    status, _, stderr = run_in_this_process("lab/compare.py", "--preset=state_dtype", "--train=False",
+                                            f"--results_dir={folder}")
+    assert status == 0, stderr
+    assert (folder / "results.md").read_text() == open(os.path.join(committed, "results.md")).read()
+    moved["residual-s1337"] = [arg.replace("--learning_rate=0.004", "--learning_rate=0.002")
+                               for arg in moved["residual-s1337"]]
+    (folder / "run.json").write_text(json.dumps({**record, "runs": moved}))
+    status, _, stderr = run_in_this_process("lab/compare.py", "--preset=state_dtype", "--train=False",
+                                            f"--results_dir={folder}")
+    assert_one_line_error(status, stderr, "residual-s1337 were trained with other arguments than --preset=state_dtype")
+
+
 @pytest.mark.parametrize("preset", COMMITTED)
 def test_gain_column_is_each_runs_largest_mean_over_seeds(preset):
     """Every committed table's "max gain fwd / bwd" cell, recomputed here from the runs'

@@ -97,7 +97,7 @@ dry_run = False  # with --device=cuda: that section's code on the CPU at tiny si
 # On cuda, for every setting not given: train.py's GPU model and the rows of issue 48's bench
 GPU_DEFAULTS = dict(n_layer=6, n_head=6, n_embd=384, topologies="residual,ihc,norm_gated_ihc,hc,mhc,mhc_lite",
                     warmup=5, rounds=30)
-DRY_RUN_DEFAULTS = dict(GPU_DEFAULTS, n_layer=3, n_head=2, n_embd=32, warmup=1, rounds=3)  # a 3rd Block reuses
+DRY_RUN_DEFAULTS = dict(GPU_DEFAULTS, n_layer=3, n_head=2, n_embd=32, warmup=1, rounds=2)  # a 3rd Block reuses
 # Every numeric setting's allowed values (configurator.check_settings)
 RANGES = dict(warmup="[1, inf)", rounds="[1, inf)", seed="[0, 2**32)",  # as train.py's seed
               n_layer="[1, inf)", n_embd="[1, inf)", n_head="[1, inf)",

@@ -50,6 +50,22 @@ DEPTH_MODEL = ["--device=cpu", "--n_layer=12", "--n_embd=64", "--n_head=4"]  # t
 DEPTH_STUDY = DEPTH_MODEL + ["--max_iters=1000"]
 SWEEP_MODEL = ["--device=cpu", "--n_embd=64", "--n_head=4", "--max_iters=1000"]  # then --n_layer, the depth
 SWEEP = topologies("residual", "hc", "mhc", "ihc", "norm_gated_ihc")
+
+
+def tools_study(n_layer):
+    """#49's study at a depth: the residual given the field's tools against hc and the gate (depth48_tools)."""
+    return Preset(SWEEP_MODEL + [f"--n_layer={n_layer}"], seeds="1342,1343,1344,1345,1346",
+                  learning_rates=(2e-3, 4e-3, 8e-3), scale_lr_mults=(1, 4, 16), one_cpu=True,
+                  baselines=("residual", "residual.x0"),
+                  variants=topologies("residual", "residual.scaled", "residual.x0", "hc", "norm_gated_ihc",
+                                      "norm_gated_ihc.bounded"),
+                  contrasts=(("hc", "residual.x0"), ("norm_gated_ihc", "residual.x0"),
+                             ("residual.scaled", "residual"), ("residual.x0", "residual"),
+                             ("norm_gated_ihc.bounded", "norm_gated_ihc"),
+                             ("norm_gated_ihc.bounded", "residual")),
+                  lead=("residual", "norm_gated_ihc"))
+
+
 DECOMP_MATCHED = flop_matched_iters(1000, n_layer=48, n_embd=64, block_size=64, vocab_size=65, n_streams=4)  # 1119
 GATE_LR48 = Preset(SWEEP_MODEL + ["--n_layer=48"], learning_rates=(2e-3, 4e-3, 8e-3), baselines=("residual", "ihc"),
                    reuse=("depth48",), rates_from={"norm_gated_ihc": "ihc"},
@@ -165,16 +181,10 @@ PRESETS = dict(
     # best-equipped, named before any run); hc and the gate against it; the gate with its amplification taken
     # away. Every variant tuned on seed 1336, its rate and then its scales' multiplier; the final loss over the
     # whole validation split; the share of the gate's lead over the residual that each arm gets
-    depth48_tools=Preset(SWEEP_MODEL + ["--n_layer=48"], seeds="1342,1343,1344,1345,1346",
-                         learning_rates=(2e-3, 4e-3, 8e-3), scale_lr_mults=(1, 4, 16), one_cpu=True,
-                         baselines=("residual", "residual.x0"),
-                         variants=topologies("residual", "residual.scaled", "residual.x0", "hc", "norm_gated_ihc",
-                                             "norm_gated_ihc.bounded"),
-                         contrasts=(("hc", "residual.x0"), ("norm_gated_ihc", "residual.x0"),
-                                    ("residual.scaled", "residual"), ("residual.x0", "residual"),
-                                    ("norm_gated_ihc.bounded", "norm_gated_ihc"),
-                                    ("norm_gated_ihc.bounded", "residual")),
-                         lead=("residual", "norm_gated_ihc")),
+    depth48_tools=tools_study(48),
+    # the same at 12 layers (#49's moonshot: a topology that beats the best-equipped residual at every depth),
+    # on the same seeds, new at this depth, with its own tuning on seed 1336
+    depth12_tools=tools_study(12),
     # what storing the residual state in bf16 (--state_dtype=bfloat16, half the bytes the stream ops move on
     # a GPU) costs in loss: train.py's CPU model at its default rate, the residual and the headline topology
     # each against itself with a float32 state, on two seeds (issue 48: a cost, not a tuned comparison)
